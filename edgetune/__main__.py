@@ -1,0 +1,3 @@
+from edgetune.cli import main
+
+main()

@@ -1,0 +1,150 @@
+"""ONNX model source: load a user's file or a zoo model, import it into Relax, fuse it for tuning.
+
+Every model, built-in or not, goes through ONNX so there is one import path to get right.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from edgetune.errors import InputError
+from edgetune.frontend.zoo import build_zoo_model
+
+_ONNX_TO_NUMPY = {
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.DOUBLE: "float64",
+    onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.INT32: "int32",
+    onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.UINT8: "uint8",
+}
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """An ONNX model with concrete input shapes, and the hash that keys every cache built from it."""
+
+    name: str
+    proto: onnx.ModelProto
+    inputs: tuple[ModelInput, ...]
+    output_names: tuple[str, ...]
+    sha256: str
+
+    def sample_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Deterministic inputs, used both to verify against ONNX Runtime and to time the model."""
+        rng = np.random.default_rng(seed)
+        return {
+            i.name: rng.standard_normal(i.shape).astype(i.dtype)
+            if i.dtype.startswith("float")
+            else rng.integers(0, 10, i.shape).astype(i.dtype)
+            for i in self.inputs
+        }
+
+
+def load_model(
+    *,
+    zoo: str | None,
+    onnx_path: Path | None,
+    input_shapes: dict[str, list[int]] | None,
+) -> LoadedModel:
+    """Build the zoo model or read the ONNX file, and pin every input to a concrete shape."""
+    if zoo is not None:
+        shape = None
+        if input_shapes:
+            shape = tuple(next(iter(input_shapes.values())))
+        proto = build_zoo_model(zoo, shape)
+        name = zoo
+    elif onnx_path is not None:
+        try:
+            proto = onnx.load(str(onnx_path))
+        except Exception as exc:  # onnx raises several unrelated types for a bad file
+            raise InputError(f"{onnx_path}: not a readable ONNX model ({exc})") from exc
+        name = onnx_path.stem
+    else:
+        raise InputError("model: give either 'zoo' or 'onnx'")
+    inputs = _concrete_inputs(proto, input_shapes or {}, name)
+    outputs = tuple(o.name for o in proto.graph.output)
+    digest = hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()
+    return LoadedModel(name, proto, inputs, outputs, digest)
+
+
+def _concrete_inputs(
+    proto: onnx.ModelProto, input_shapes: dict[str, list[int]], model_name: str
+) -> tuple[ModelInput, ...]:
+    initializers = {t.name for t in proto.graph.initializer}
+    graph_inputs = [i for i in proto.graph.input if i.name not in initializers]
+    known = {i.name for i in graph_inputs}
+    problems = [
+        f"model.input_shapes.{name}: no such model input; the inputs are {sorted(known)}"
+        for name in input_shapes
+        if name not in known
+    ]
+    result = []
+    for value in graph_inputs:
+        tensor_type = value.type.tensor_type
+        dtype = _ONNX_TO_NUMPY.get(tensor_type.elem_type)
+        if dtype is None:
+            problems.append(f"model '{model_name}': input '{value.name}' has an unsupported element type")
+            continue
+        if value.name in input_shapes:
+            shape = tuple(int(d) for d in input_shapes[value.name])
+        else:
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+            if any(d is None or d <= 0 for d in dims):
+                problems.append(
+                    f"model.input_shapes: input '{value.name}' has a dynamic shape {dims}; "
+                    f"give it a concrete shape, e.g. input_shapes: {{{value.name}: [1, 3, 224, 224]}}"
+                )
+                continue
+            shape = tuple(int(d) for d in dims)
+        result.append(ModelInput(value.name, shape, dtype))
+    if problems:
+        raise InputError(problems)
+    return tuple(result)
+
+
+def to_relax(model: LoadedModel):  # -> tvm.IRModule (tvm imported lazily: it is slow to load)
+    """Import into Relax with the weights bound as constants, so tuned kernels see static shapes."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    shape_dict = {i.name: list(i.shape) for i in model.inputs}
+    dtype_dict = {i.name: i.dtype for i in model.inputs}
+    try:
+        return from_onnx(model.proto, shape_dict=shape_dict, dtype_dict=dtype_dict, keep_params_in_input=False)
+    except Exception as exc:  # the importer raises many kinds of errors for unsupported graphs
+        raise InputError(f"model '{model.name}': TVM's ONNX importer rejected it: {exc}") from exc
+
+
+def fuse_for_tuning(mod, target):
+    """Legalize and fuse so MetaSchedule sees the fused kernels (without this it extracts 0 tasks).
+
+    `compile.py` runs the same passes inside MetaSchedule's compile pipeline, so the tuned
+    workloads found here are the ones looked up at compile time.
+    """
+    import tvm
+    from tvm import relax
+
+    passes = tvm.transform.Sequential(
+        [
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+        ]
+    )
+    with target, tvm.transform.PassContext(opt_level=3):
+        return passes(mod)

@@ -1,0 +1,116 @@
+"""Check an artifact before it ships: every checksum, then its output against ONNX Runtime's."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgetune.errors import InputError
+from edgetune.package.artifact import (
+    LIBRARY_NAME,
+    MANIFEST_NAME,
+    REFERENCE_OUTPUT_NAME,
+    SAMPLE_INPUT_NAME,
+    sha256_file,
+)
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    matches: bool
+    max_abs_error: float
+
+
+def read_manifest(directory: Path) -> dict:
+    path = directory / MANIFEST_NAME
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise InputError(f"{directory}: no {MANIFEST_NAME}; not an edgetune artifact") from exc
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from exc
+
+
+def checksum_problems(directory: Path, manifest: dict) -> list[str]:
+    """One message per file that is missing, altered, or not listed in the manifest."""
+    listed: dict[str, str] = manifest.get("files", {})
+    problems = []
+    for name, expected in sorted(listed.items()):
+        path = directory / name
+        if not path.is_file():
+            problems.append(f"{path}: missing (listed in {MANIFEST_NAME})")
+        elif sha256_file(path) != expected:
+            problems.append(f"{path}: sha256 differs from {MANIFEST_NAME}: the file was altered")
+    for path in sorted(directory.iterdir()):
+        if path.name != MANIFEST_NAME and path.name not in listed:
+            problems.append(f"{path}: not listed in {MANIFEST_NAME}")
+    return problems
+
+
+def compare_outputs(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray], rtol: float, atol: float) -> OutputCheck:
+    worst = 0.0
+    matches = True
+    for name, expected in reference.items():
+        actual = outputs[name]
+        if actual.shape != expected.shape:
+            return OutputCheck(False, float("inf"))
+        worst = max(worst, float(np.max(np.abs(actual.astype(np.float64) - expected))))
+        matches = matches and bool(np.allclose(actual, expected, rtol=rtol, atol=atol))
+    return OutputCheck(matches, worst)
+
+
+def check_native_outputs(directory: Path, manifest: dict) -> OutputCheck:
+    """Load the artifact's library on this machine and compare its output on the sample input."""
+    import tvm
+
+    from edgetune.compile import load_library, run
+
+    device = tvm.device(manifest["target"]["device"], 0)
+    vm = load_library(directory / LIBRARY_NAME, device)
+    with np.load(directory / SAMPLE_INPUT_NAME) as data:
+        inputs = [data[i["name"]] for i in manifest["model"]["inputs"]]
+    with np.load(directory / REFERENCE_OUTPUT_NAME) as data:
+        reference = {name: data[name] for name in manifest["model"]["outputs"]}
+    outputs = dict(zip(manifest["model"]["outputs"], run(vm, inputs, device)))
+    tolerance = manifest["verification"]
+    return compare_outputs(outputs, reference, tolerance["rtol"], tolerance["atol"])
+
+
+@dataclass
+class VerifyReport:
+    problems: list[str]
+    output: OutputCheck | None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and self.output is not None and self.output.matches
+
+
+def verify_artifact(path: Path) -> VerifyReport:
+    """Checksums first (a tampered file is named), then the output, if this machine can run it."""
+    if path.is_file() and path.name.endswith(".tar.gz"):
+        import tarfile
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as scratch, tarfile.open(path) as archive:
+            archive.extractall(scratch, filter="data")
+            roots = [p for p in Path(scratch).iterdir() if p.is_dir()]
+            if len(roots) != 1:
+                raise InputError(f"{path}: expected one artifact directory inside, found {len(roots)}")
+            return verify_artifact(roots[0])
+    if not path.is_dir():
+        raise InputError(f"{path}: no such artifact directory or .tar.gz")
+    manifest = read_manifest(path)
+    problems = checksum_problems(path, manifest)
+    if problems:
+        return VerifyReport(problems, None)
+    from edgetune.profiles import machine_isa
+
+    isa = manifest["target"]["isa"]
+    if isa != machine_isa() or manifest["target"]["device"] != "cpu":
+        return VerifyReport([f"{path}: a {isa}/{manifest['target']['device']} artifact cannot run on this "
+                             f"{machine_isa()} machine; checksums are fine"], None)
+    return VerifyReport([], check_native_outputs(path, manifest))

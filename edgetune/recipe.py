@@ -1,0 +1,290 @@
+"""The recipe: which model to tune, for which fleet of devices, with what budget.
+
+`load_recipe` reports every problem in one InputError, each located in the recipe file
+("recipes/x.yaml:7: fleet[1].profile: ..."). Structure is checked by the pydantic models; what
+depends on the world outside the file (device profiles, the ONNX file, other fleet entries) is
+checked against the raw data, so those problems are reported even when the structure is broken.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
+
+from edgetune import profiles
+from edgetune.errors import InputError
+from edgetune.yamlsource import (
+    InvalidData,
+    Problem,
+    YamlDocument,
+    YamlFloat,
+    display_path,
+    parse_yaml,
+    read_yaml,
+    validate,
+)
+
+ZOO_MODELS = ("resnet18", "mobilenet_v2", "tiny_cnn")
+"""Built-in models (mirrors edgetune.frontend.zoo.ZOO_NAMES without importing the frontend)."""
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
+
+
+def _check_name(value: str) -> str:
+    if not _NAME.fullmatch(value):
+        raise ValueError(
+            f"expected lowercase letters, digits, '-' or '_', starting with a letter or digit "
+            f"(it names a directory), got {value!r}"
+        )
+    return value
+
+
+Name = Annotated[str, AfterValidator(_check_name)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ModelSpec(_Strict):
+    """The network: a built-in zoo model or an ONNX file (exactly one)."""
+
+    zoo: str | None = None
+    onnx: str | None = None
+    """Path relative to the recipe file."""
+    input_shapes: dict[str, list[PositiveInt]] | None = None
+    """Input name -> shape; needed when the ONNX file leaves dimensions symbolic."""
+
+    @field_validator("zoo")
+    @classmethod
+    def _known_zoo(cls, value: str | None) -> str | None:
+        if value is not None and value not in ZOO_MODELS:
+            raise ValueError(f"unknown zoo model {value!r}; known: {', '.join(ZOO_MODELS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.zoo is None) == (self.onnx is None):
+            raise ValueError("give exactly one of 'zoo' (a built-in model) or 'onnx' (a file path)")
+        return self
+
+
+class RpcSpec(_Strict):
+    """Where to reach a remote device: an RPC tracker and the key the device registered with."""
+
+    tracker: str
+    """host:port of the RPC tracker."""
+    key: str = Field(min_length=1)
+
+    @field_validator("tracker")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"expected 'host:port' with a port from 1 to 65535, got {value!r}")
+        return value
+
+    @property
+    def tracker_host(self) -> str:
+        """Tracker host name or address."""
+        return self.tracker.rpartition(":")[0]
+
+    @property
+    def tracker_port(self) -> int:
+        """Tracker TCP port."""
+        return int(self.tracker.rpartition(":")[2])
+
+
+class RpcConnection(_Strict):
+    """`connection: {rpc: {...}}`: the device is measured over TVM RPC."""
+
+    rpc: RpcSpec
+
+
+class FleetTarget(_Strict):
+    """One device in the fleet: a profile, optional overrides, and how to reach it."""
+
+    name: Name
+    profile: str
+    """A file device_profiles/<profile>.yaml."""
+    overrides: dict[str, Any] | None = None
+    """Deep-merged onto the profile (target, host, hardware, cross_compiler)."""
+    connection: RpcConnection | None = None
+    """None: measured on this machine (`connection: local` in YAML)."""
+    transfer_from: list[str] = Field(default_factory=list)
+    """Other fleet targets whose tuning records seed this one."""
+
+    @field_validator("connection", mode="before")
+    @classmethod
+    def _local(cls, value: Any) -> Any:
+        if value == "local":
+            return None
+        if isinstance(value, str):
+            raise ValueError(f"expected 'local' or {{rpc: {{tracker: 'host:port', key: ...}}}}, got {value!r}")
+        return value
+
+    @property
+    def is_local(self) -> bool:
+        """True when the device is this machine."""
+        return self.connection is None
+
+
+class TuningSpec(_Strict):
+    """Search budget: trials per task and/or wall-clock minutes, whichever runs out first."""
+
+    trials_per_task: PositiveInt | None = None
+    time_budget_min: YamlFloat | None = Field(default=None, gt=0)
+    search: Literal["evolutionary", "draft-verify"] = "evolutionary"
+    seed: NonNegativeInt = 0
+    max_tasks: PositiveInt | None = None
+    """Tune only the N heaviest tasks."""
+
+    @model_validator(mode="after")
+    def _has_budget(self) -> TuningSpec:
+        if self.trials_per_task is None and self.time_budget_min is None:
+            raise ValueError("give trials_per_task, time_budget_min, or both")
+        return self
+
+
+class VerifySpec(_Strict):
+    """Tolerances for comparing the tuned module's output with the reference."""
+
+    rtol: YamlFloat = Field(default=1e-4, ge=0)
+    atol: YamlFloat = Field(default=1e-4, ge=0)
+
+
+class Recipe(_Strict):
+    """A validated recipe. Relative paths resolve against `base_dir` (the recipe's directory)."""
+
+    name: Name
+    model: ModelSpec
+    fleet: list[FleetTarget] = Field(min_length=1)
+    tuning: TuningSpec
+    verify: VerifySpec = Field(default_factory=VerifySpec)
+    output: str = "build"
+    """Output directory, relative to the recipe file."""
+
+    _source_path: Path | None = PrivateAttr(default=None)
+    _base_dir: Path | None = PrivateAttr(default=None)
+
+    @property
+    def source_path(self) -> Path | None:
+        """The recipe file, or None for a recipe given as text."""
+        return self._source_path
+
+    @property
+    def base_dir(self) -> Path:
+        """Directory relative paths resolve against (the working directory if never set)."""
+        return self._base_dir or Path.cwd()
+
+    @property
+    def output_dir(self) -> Path:
+        """Absolute output directory."""
+        return (self.base_dir / self.output).resolve()
+
+    @property
+    def model_path(self) -> Path | None:
+        """Absolute path of the ONNX file; None for zoo models."""
+        return (self.base_dir / self.model.onnx).resolve() if self.model.onnx else None
+
+
+def load_recipe(path: Path) -> Recipe:
+    """Read and validate a recipe file; every problem is reported in one InputError."""
+    path = Path(path)
+    recipe = _load(read_yaml(path), path.parent)
+    recipe._source_path = path.resolve()
+    return recipe
+
+
+def load_recipe_text(text: str, name: str = "<embedded>", base_dir: Path | None = None) -> Recipe:
+    """Validate a recipe given as text (e.g. one embedded in the CLI); `name` appears in messages."""
+    return _load(parse_yaml(text, name), Path(base_dir) if base_dir is not None else Path.cwd())
+
+
+def recipe_hash(recipe: Recipe) -> str:
+    """sha256 of the validated recipe as canonical JSON: same for any key order or spelled-out defaults."""
+    canonical = json.dumps(recipe.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _load(doc: YamlDocument, base_dir: Path) -> Recipe:
+    recipe, problems = validate(Recipe, doc.data)
+    problems += _model_file_problems(doc.data, base_dir)
+    fleet_problems, outside = _fleet_problems(doc.data)
+    problems += fleet_problems
+    if problems or outside or recipe is None:
+        raise InputError(doc.locate(problems) + outside)
+    recipe._base_dir = base_dir.resolve()
+    return recipe
+
+
+def _model_file_problems(data: dict[str, Any], base_dir: Path) -> list[Problem]:
+    model = data.get("model")
+    onnx = model.get("onnx") if isinstance(model, dict) else None
+    if isinstance(onnx, str) and not (base_dir / onnx).is_file():
+        return [Problem(("model", "onnx"), f"ONNX file not found: {display_path(base_dir / onnx)}")]
+    return []
+
+
+def _fleet_problems(data: dict[str, Any]) -> tuple[list[Problem], list[str]]:
+    """Unique names, transfer_from references, known profiles and valid overrides.
+
+    Works on raw data, skipping values of the wrong type (the schema already reports those).
+    Returns problems in the recipe, and problems already located in a broken profile file.
+    """
+    fleet = data.get("fleet")
+    if not isinstance(fleet, list):
+        return [], []
+    entries = [(i, entry) for i, entry in enumerate(fleet) if isinstance(entry, dict)]
+    problems = []
+    outside: list[str] = []
+    first_index: dict[str, int] = {}
+    for i, entry in entries:
+        name = entry.get("name")
+        if isinstance(name, str):
+            if name in first_index:
+                problems.append(
+                    Problem(("fleet", i, "name"), f"duplicate target name '{name}' (also fleet[{first_index[name]}])")
+                )
+            else:
+                first_index[name] = i
+    known_profiles = profiles.profile_names()
+    for i, entry in entries:
+        sources = entry.get("transfer_from")
+        for j, source in enumerate(sources if isinstance(sources, list) else []):
+            if source == entry.get("name"):
+                problems.append(Problem(("fleet", i, "transfer_from", j), "a target cannot transfer from itself"))
+            elif isinstance(source, str) and source not in first_index:
+                targets = ", ".join(first_index)
+                problems.append(
+                    Problem(("fleet", i, "transfer_from", j), f"no fleet target named '{source}'; targets: {targets}")
+                )
+        profile = entry.get("profile")
+        if not isinstance(profile, str):
+            continue
+        if profile not in known_profiles:
+            problems.append(Problem(("fleet", i, "profile"), profiles.unknown_profile_message(profile, known_profiles)))
+            continue
+        overrides = entry.get("overrides")
+        try:
+            profiles.resolve_profile(profile, overrides if isinstance(overrides, dict) else None)
+        except InvalidData as exc:
+            problems += [Problem(("fleet", i, "overrides", *p.path), p.message, p.at_key) for p in exc.found]
+        except InputError as exc:
+            outside += [p for p in exc.problems if p not in outside]
+    return problems, outside

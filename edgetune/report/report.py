@@ -1,0 +1,258 @@
+"""report.html: what a build did, at a glance, for the people who read it and for CI.
+
+Rendered only from the files a build leaves behind (summary.json, each target's manifest.json and
+its tuning log), so `edgetune report` can rebuild it at any time without re-running anything. The
+page is one file, CSS inline and figures as base64 PNG data URIs, with no timestamps: the same
+inputs give the same bytes, and the page can be archived or attached to a CI run as it is.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from matplotlib import style, ticker
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from edgetune.errors import InputError
+
+REPORT_NAME = "report.html"
+# The same name as pipeline.SUMMARY_NAME; importing it would load TVM for `edgetune report`.
+_SUMMARY_NAME = "summary.json"
+_MANIFEST_NAME = "manifest.json"
+_DPI = 100
+_LINESTYLES = ("-", "--", ":", "-.")  # after the 10 colours of the cycle, so 40 tasks stay distinct
+
+_TARGET_DEFAULTS: dict[str, Any] = {
+    "artifact": None, "latency_ms": None, "untuned_latency_ms": None, "reference_latency_ms": None,
+    "verified": False, "max_abs_error": None, "trials_measured": 0, "trials_total": 0, "tasks": [],
+    "reused": False, "error": None, "wall_s": None,
+}
+_TASK_DEFAULTS: dict[str, Any] = {
+    "weight": 1, "trials": 0, "trials_measured_now": 0, "best_us": None, "gflops": None, "skipped_for_budget": False,
+}
+
+Curve = list[tuple[float, float]]
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:.3f} ms" if value is not None else "-"
+
+
+def _us(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "-"
+
+
+def _speedup(value: float | None) -> str:
+    return f"{value:.2f}x" if value is not None else "-"
+
+
+def _seconds(value: float | None) -> str:
+    return f"{value:.0f} s" if value is not None else "-"
+
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("edgetune.report", "templates"),
+    autoescape=True,  # error messages and paths go into the page as text
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+)
+_TEMPLATES.filters.update(ms=_ms, us=_us, speedup=_speedup, seconds=_seconds)
+
+
+def render_report(build_dir: Path) -> Path:
+    """Write `build_dir/report.html` from the build's stored files and return its path."""
+    summary = _read_json(build_dir / _SUMMARY_NAME, "build summary")
+    raw_targets = summary.get("targets")
+    if not isinstance(summary.get("recipe"), str) or not isinstance(raw_targets, dict):
+        raise InputError(f"{build_dir / _SUMMARY_NAME}: not an edgetune build summary (no recipe or targets)")
+    targets = [_target_view(build_dir, name, result) for name, result in raw_targets.items()]
+    html = _TEMPLATES.get_template("report.html.j2").render(
+        recipe=summary["recipe"],
+        ok=bool(summary.get("ok")),
+        targets=targets,
+        failed=[t for t in targets if t["result"]["error"]],
+    )
+    path = build_dir / REPORT_NAME
+    path.write_text(html)
+    return path
+
+
+def tuning_curves(log_path: Path) -> dict[str, Curve]:
+    """Per task, (cumulative tuning wall time in s, best latency so far in us), from a tuning log.
+
+    A resumed build starts `elapsed_s` again from 0, so a decrease opens a new session, shifted by
+    where the previous session ended: the time axis adds up the tuning time of every build.
+    A missing log (nothing was measured) gives no curves.
+    """
+    curves: dict[str, Curve] = {}
+    if not log_path.is_file():
+        return curves
+    offset = previous = 0.0
+    for number, line in enumerate(log_path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            task, elapsed, best = str(entry["task"]), float(entry["elapsed_s"]), entry["best_us"]
+            best = float(best) if best is not None else None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"{log_path}:{number}: not a tuning log entry ({exc!r})") from None
+        if elapsed < previous:
+            offset += previous
+        previous = elapsed
+        if best is not None:  # no valid candidate yet: nothing to draw
+            curves.setdefault(task, []).append((offset + elapsed, best))
+    return curves
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: no {what} here (is this a build directory, <output>/<recipe>/?)") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read the {what}: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: not a {what} (a JSON object was expected)")
+    return data
+
+
+def _target_view(build_dir: Path, name: str, raw: Any) -> dict[str, Any]:
+    """Everything the template shows for one target, with the numbers derived here rather than in Jinja."""
+    if not isinstance(raw, dict):
+        raise InputError(f"{build_dir / _SUMMARY_NAME}: targets.{name}: not a target result")
+    result = {**_TARGET_DEFAULTS, **raw}
+    manifest_path = build_dir / name / _MANIFEST_NAME
+    log_path = build_dir / "work" / name / "records" / "tuning_log.jsonl"
+    view: dict[str, Any] = {
+        "name": name, "result": result, "tasks": _task_rows(result["tasks"]), "speedup_untuned": None,
+        "speedup_reference": None, "manifest_path": str(manifest_path), "manifest": None,
+        "latency_chart": None, "curve_chart": None, "log_path": str(log_path),
+    }
+    if result["error"]:  # a failed target: its error, and nothing that could be mistaken for its numbers
+        return view
+    tuned = result["latency_ms"]
+    if tuned:
+        view["speedup_untuned"] = _ratio(result["untuned_latency_ms"], tuned)
+        view["speedup_reference"] = _ratio(result["reference_latency_ms"], tuned)
+        view["latency_chart"] = _latency_chart(tuned, result["untuned_latency_ms"], result["reference_latency_ms"])
+    if manifest_path.is_file():
+        view["manifest"] = _manifest_facts(_read_json(manifest_path, "artifact manifest"), result)
+    curves = tuning_curves(log_path)
+    if curves:
+        order = [t["name"] for t in result["tasks"] if t["name"] in curves]
+        view["curve_chart"] = _curve_chart([(task, curves[task]) for task in order + sorted(curves.keys() - order)])
+    return view
+
+
+def _ratio(slower: float | None, tuned: float) -> float | None:
+    return slower / tuned if slower is not None else None
+
+
+def _task_rows(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The summary's tasks with each one's share of the tuned tasks' time: weight * best_us over the sum."""
+    tasks = [{**_TASK_DEFAULTS, **t} for t in tasks]
+    costs = [t["weight"] * t["best_us"] if t["best_us"] is not None else None for t in tasks]
+    total = sum(c for c in costs if c is not None)
+    return [{**t, "share": cost / total if cost is not None and total else None} for t, cost in zip(tasks, costs)]
+
+
+def _manifest_facts(manifest: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """The manifest as labelled rows: tolerant of a field an older edgetune did not write."""
+    target, model, tuning = manifest.get("target", {}), manifest.get("model", {}), manifest.get("tuning", {})
+    verification = manifest.get("verification", {})
+    inputs = ", ".join(f"{i.get('name')} {i.get('dtype')}{list(i.get('shape', []))}" for i in model.get("inputs", []))
+    tasks_total = tuning.get("tasks_total")
+    return {
+        "device": [
+            ("profile", target.get("profile")),
+            ("ISA", target.get("isa")),
+            ("TVM device", target.get("device")),
+            ("TVM target", json.dumps(target.get("tvm_target"), sort_keys=True)),
+            ("measured on", manifest.get("measured_on")),
+        ],
+        # Transfer from sibling targets and draft-and-verify search are not built yet: say so, invent nothing.
+        "contributions": [
+            "transfer: none (no sibling records used)",
+            f"search: {tuning.get('search')}, candidates measured: {tuning.get('trials_total')}",
+        ],
+        "tuning": [
+            ("this build measured", f"{result['trials_measured']} candidates"),
+            ("trials per task", tuning.get("trials_per_task")),
+            ("time budget", f"{tuning['time_budget_min']} min" if tuning.get("time_budget_min") else "none"),
+            ("seed", tuning.get("seed")),
+            ("tasks tuned", f"{len(result['tasks'])} of {tasks_total}"),
+        ],
+        "untuned_tasks": tasks_total - len(result["tasks"]) if isinstance(tasks_total, int) else 0,
+        "verification": [
+            ("reference", verification.get("reference")),
+            ("max abs error", f"{verification['max_abs_error']:.3g}"
+                if verification.get("max_abs_error") is not None else None),
+            ("tolerance", f"rtol {verification.get('rtol')}, atol {verification.get('atol')}"),
+            ("matches", "yes" if verification.get("matches") else "no"),
+        ],
+        "model": [
+            ("model", model.get("name")),
+            ("model sha256", model.get("sha256")),
+            ("inputs", inputs),
+            ("recipe sha256", manifest.get("recipe", {}).get("sha256")),
+            ("build inputs sha256", manifest.get("build_inputs_sha256")),
+        ],
+        "versions": [("edgetune", manifest.get("edgetune_version")), *sorted(manifest.get("versions", {}).items())],
+        "files": sorted(manifest.get("files", {}).items()),
+    }
+
+
+def _latency_chart(tuned: float, untuned: float | None, reference: float | None) -> str:
+    bars = [(label, value, colour) for label, value, colour in (
+        ("TVM tuned", tuned, "#2b8a3e"), ("TVM untuned", untuned, "#868e96"), ("ONNX Runtime", reference, "#1864ab"),
+    ) if value is not None]
+    with style.context("default"):  # the user's matplotlibrc must not change the page
+        figure = Figure(figsize=(6.4, 0.45 * len(bars) + 0.7), dpi=_DPI, layout="constrained")
+        axes = figure.add_subplot()
+        positions = range(len(bars))
+        axes.barh(positions, [b[1] for b in bars], color=[b[2] for b in bars], height=0.6)
+        axes.set_yticks(positions, [b[0] for b in bars])
+        axes.invert_yaxis()
+        axes.set_xlabel("latency (ms), lower is better")
+        axes.set_xlim(0, max(b[1] for b in bars) * 1.22)
+        for position, (_, value, _) in zip(positions, bars):
+            axes.text(value, position, f" {value:.3f}", va="center", fontsize=9)
+        axes.spines[["top", "right"]].set_visible(False)
+        return _png(figure)
+
+
+def _curve_chart(curves: list[tuple[str, Curve]]) -> str:
+    with style.context("default"):
+        figure = Figure(figsize=(9.6, 4.2), dpi=_DPI, layout="constrained")
+        axes = figure.add_subplot()
+        for index, (task, points) in enumerate(curves):
+            axes.plot([p[0] for p in points], [p[1] for p in points], drawstyle="steps-post", marker="o",
+                      markersize=5, linewidth=1.5, linestyle=_LINESTYLES[index // 10 % len(_LINESTYLES)],
+                      color=f"C{index % 10}", label=task)
+        axes.set_yscale("log")
+        # Plain numbers ("40", not "4 x 10^1"): a tuning curve rarely spans a decade.
+        axes.yaxis.set_major_formatter(ticker.LogFormatter())
+        axes.yaxis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 1)))
+        axes.set_xlim(left=0)
+        axes.set_xlabel("cumulative tuning wall time (s)")
+        axes.set_ylabel("best latency so far (µs, log)")
+        axes.grid(True, which="both", alpha=0.3)
+        axes.spines[["top", "right"]].set_visible(False)
+        figure.legend(loc="outside right upper", fontsize=8, ncols=1 if len(curves) <= 16 else 2, frameon=False)
+        return _png(figure)
+
+
+def _png(figure: Figure) -> str:
+    """The figure as a data URI; no Software/date metadata, so the same figure gives the same bytes."""
+    buffer = io.BytesIO()
+    FigureCanvasAgg(figure).print_png(buffer, metadata={"Software": None})
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")

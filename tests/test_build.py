@@ -1,0 +1,119 @@
+"""`edgetune build` end to end on this machine: a tiny model, real tuning, a verified artifact.
+
+Runs the installed command as a user would, in a subprocess, with a handful of trials.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_edgetune as edgetune
+from conftest import write_tiny_recipe as write_recipe
+
+pytestmark = pytest.mark.slow
+
+def records(directory: Path) -> list[str]:
+    path = directory / "out" / "tiny" / "work" / "host" / "records" / "database_tuning_record.json"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.fixture(scope="module")
+def built(tiny_build) -> tuple[Path, dict, subprocess.CompletedProcess]:
+    directory, run = tiny_build
+    return directory, json.loads((directory / "summary.json").read_text()), run
+
+
+def test_build_reports_latencies_and_a_verified_artifact(built) -> None:
+    directory, summary, run = built
+    host = summary["targets"]["host"]
+    assert host["verified"] is True
+    assert host["trials_measured"] >= 2 * 2 - 1  # a trivial task may offer fewer distinct candidates
+    for key in ("latency_ms", "untuned_latency_ms", "reference_latency_ms"):
+        assert host[key] > 0
+    assert Path(host["artifact"]) == directory / "out" / "tiny" / "host.tar.gz"
+    assert "ONNX Runtime ms" in run.stdout and "task 1/2 fused_conv2d" in run.stdout
+
+
+def test_archive_unpacks_to_checked_manifest_and_a_matching_run_script(built, tmp_path) -> None:
+    directory, summary, _ = built
+    with tarfile.open(summary["targets"]["host"]["artifact"]) as archive:
+        names = archive.getnames()
+        assert all(m.mtime == 0 and m.uid == 0 for m in archive.getmembers())
+        archive.extractall(tmp_path, filter="data")
+    assert names == sorted(names)
+    unpacked = tmp_path / "host"
+    manifest = json.loads((unpacked / "manifest.json").read_text())
+    from edgetune.package.artifact import sha256_file
+
+    assert set(manifest["files"]) == {p.name for p in unpacked.iterdir()} - {"manifest.json"}
+    for name, digest in manifest["files"].items():
+        assert sha256_file(unpacked / name) == digest
+    assert manifest["versions"]["tvm"].startswith("0.27")
+    assert manifest["latency_ms"]["tuned"] == summary["targets"]["host"]["latency_ms"]
+    assert len(manifest["tuning"]["tasks"]) == 2
+
+    check = subprocess.run([sys.executable, "run.py", "--check", "--output", "out.npz"], cwd=unpacked,
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "OK" in check.stdout
+    import numpy as np
+
+    with np.load(unpacked / "out.npz") as ours, np.load(unpacked / "reference_output.npz") as reference:
+        np.testing.assert_allclose(ours["logits"], reference["logits"], rtol=1e-4, atol=1e-4)
+
+
+def test_verify_names_a_tampered_file(built, tmp_path) -> None:
+    directory, summary, _ = built
+    good = edgetune("verify", summary["targets"]["host"]["artifact"], cwd=directory)
+    assert good.returncode == 0, good.stdout + good.stderr
+    copy = tmp_path / "host"
+    shutil.copytree(summary["targets"]["host"]["artifact_dir"], copy)
+    with (copy / "sample_input.npz").open("r+b") as stream:
+        stream.seek(-8, os.SEEK_END)
+        stream.write(b"\x01" * 8)
+    bad = edgetune("verify", str(copy), cwd=directory)
+    assert bad.returncode == 1
+    assert "sample_input.npz" in bad.stderr and "altered" in bad.stderr
+
+
+def test_second_build_measures_nothing_and_keeps_the_artifact(built) -> None:
+    directory, summary, _ = built
+    archive = Path(summary["targets"]["host"]["artifact"])
+    before = archive.read_bytes()
+    run = edgetune("build", "tiny.yaml", "--json", "again.json", cwd=directory)
+    assert run.returncode == 0, run.stdout + run.stderr
+    again = json.loads((directory / "again.json").read_text())["targets"]["host"]
+    assert again["trials_measured"] == 0
+    assert again["reused"] is True
+    assert archive.read_bytes() == before
+
+
+def test_interrupted_tuning_keeps_its_records_and_resumes(tmp_path) -> None:
+    write_recipe(tmp_path, trials=2, max_tasks=2)
+    process = subprocess.Popen([sys.executable, "-m", "edgetune", "build", "tiny.yaml"], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not records(tmp_path) and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    kept = records(tmp_path)  # the first task's round; the interrupt lands while the second task tunes
+    assert kept, output
+    assert process.returncode == 130, output
+    assert "resume" in output
+
+    run = edgetune("build", "tiny.yaml", "--json", "summary.json", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert records(tmp_path)[: len(kept)] == kept
+    host = json.loads((tmp_path / "summary.json").read_text())["targets"]["host"]
+    assert host["trials_total"] == 4
+    assert host["trials_measured"] == 4 - len(kept)

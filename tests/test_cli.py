@@ -1,0 +1,65 @@
+"""The command line as a user meets it: exit codes, located errors, nothing written on bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def edgetune(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "edgetune", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_validate_accepts_the_shipped_recipes_without_devices() -> None:
+    for recipe in ("recipes/host.yaml", "recipes/fleet.yaml"):
+        run = edgetune("validate", recipe, cwd=REPO)
+        assert run.returncode == 0, run.stderr
+        assert "ok" in run.stdout
+
+
+def test_targets_lists_the_device_profiles() -> None:
+    run = edgetune("targets", cwd=REPO)
+    assert run.returncode == 0, run.stderr
+    for name in ("host", "raspberry-pi-4", "cortex-a53", "jetson-orin", "mali-g76", "adreno-640", "a100", "h100",
+                 "x86-server"):
+        assert name in run.stdout
+
+
+def test_bad_recipe_exits_2_with_located_errors_and_writes_nothing(tmp_path: Path) -> None:
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text(
+        "name: bad\n"
+        "model:\n"
+        "  zoo: tiny_cnn\n"
+        "fleet:\n"
+        "  - name: host\n"
+        "    profle: host\n"
+        "tuning:\n"
+        "  trials_per_task: -1\n"
+        "output: out\n"
+    )
+    run = edgetune("build", "bad.yaml", cwd=tmp_path)
+    assert run.returncode == 2
+    assert "bad.yaml:6: fleet[0].profle" in run.stderr and "did you mean 'profile'" in run.stderr
+    assert "bad.yaml:8: tuning.trials_per_task" in run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_unknown_target_name_is_bad_input(tmp_path: Path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\nmodel: {zoo: tiny_cnn}\nfleet: [{name: host, profile: host}]\n"
+                      "tuning: {trials_per_task: 1}\noutput: out\n")
+    run = edgetune("build", "r.yaml", "--target", "rpi9", cwd=tmp_path)
+    assert run.returncode == 2
+    assert "rpi9" in run.stderr and "host" in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_recipe_file_is_bad_input(tmp_path: Path) -> None:
+    run = edgetune("validate", "nope.yaml", cwd=tmp_path)
+    assert run.returncode == 2
+    assert "nope.yaml" in run.stderr
