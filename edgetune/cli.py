@@ -9,6 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from edgetune.errors import EdgetuneError
@@ -31,14 +33,22 @@ def build(
     recipe: RecipeArg,
     target: Annotated[Optional[list[str]], typer.Option("--target", "-t", help="Build only this target (repeatable).")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the machine-readable summary here.")] = None,
+    rpc_tracker: Annotated[Optional[str], typer.Option(
+        "--rpc-tracker", metavar="HOST:PORT",
+        help="Measure the one target built through this RPC tracker (with --rpc-key; replaces its connection).",
+    )] = None,
+    rpc_key: Annotated[Optional[str], typer.Option(
+        "--rpc-key", metavar="KEY", help="The key its device's server registered under at --rpc-tracker.")] = None,
 ) -> None:
     """Tune, compile, package and verify every target of RECIPE."""
+    from edgetune.fleet.endpoints import override_connection
     from edgetune.pipeline import build as run_build
     from edgetune.recipe import load_recipe
 
     try:
-        loaded = load_recipe(recipe)
-        result = run_build(loaded, target, _print_event)
+        loaded = override_connection(load_recipe(recipe), target, rpc_tracker, rpc_key)
+        with _ProgressView(out) as progress:
+            result = run_build(loaded, target, progress)
     except EdgetuneError as exc:
         _fail(exc)
     except KeyboardInterrupt:
@@ -51,18 +61,53 @@ def build(
     raise typer.Exit(0 if result.ok else 1)
 
 
-def _print_event(event) -> None:
-    if event.task is None:
-        out.print(f"[{event.target}] {event.message}", markup=False)
-        return
-    p = event.task
-    best = f"{p.best_us:.1f} us" if p.best_us is not None else "-"
-    out.print(f"[{event.target}] task {p.index}/{p.total} {p.task}: {p.trials_done}/{p.trials_planned} trials, "
-              f"best {best}, {p.elapsed_s:.0f} s", markup=False)
+class _ProgressView:
+    """Tuning progress: a live bar per target on a terminal, plain log lines otherwise (CI logs)."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.bars: dict[str, TaskID] = {}
+        self.progress = None
+        if console.is_terminal:
+            self.progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[detail]}"),
+                TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(), console=console,
+            )
+
+    def __enter__(self) -> _ProgressView:
+        if self.progress:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.progress:
+            self.progress.stop()
+
+    def __call__(self, event) -> None:
+        if event.task is None:
+            self.console.print(f"[{event.target}] {event.message}", markup=False)
+            return
+        p = event.task
+        done = p.index - 1 + (p.trials_done / p.trials_planned if p.trials_planned else 1.0)
+        best = f"{p.best_us:.1f} us" if p.best_us is not None else "-"
+        detail = f"task {p.index}/{p.total} {p.task}: {p.trials_done}/{p.trials_planned} trials, best {best}"
+        if self.progress is None:
+            left = p.elapsed_s / done * (p.total - done) if done > 0 else None
+            estimate = f", ~{left:.0f} s left" if left is not None else ""
+            self.console.print(f"[{event.target}] {detail}, {p.elapsed_s:.0f} s{estimate}", markup=False)
+            return
+        if event.target not in self.bars:
+            self.bars[event.target] = self.progress.add_task(escape(f"[{event.target}] tuning"), total=p.total,
+                                                           detail="")
+        self.progress.update(self.bars[event.target], completed=done, detail=escape(detail))
 
 
 def _ms(value: float | None) -> str:
     return f"{value:.3f}" if value is not None else "-"
+
+
+def _ratio(numerator: float | None, denominator: float | None, spec: str) -> str:
+    return f"{numerator / denominator:{spec}}x" if numerator and denominator else "-"
 
 
 def _print_summary(result) -> None:
@@ -76,8 +121,8 @@ def _print_summary(result) -> None:
             continue
         table.add_row(
             name, _ms(t.latency_ms), _ms(t.untuned_latency_ms), _ms(t.reference_latency_ms),
-            f"{t.untuned_latency_ms / t.latency_ms:.1f}x", f"{t.reference_latency_ms / t.latency_ms:.2f}x",
-            "[green]yes[/]" if t.verified else "[red]no[/]", f"{t.trials_total} ({t.trials_measured})",
+            _ratio(t.untuned_latency_ms, t.latency_ms, ".1f"), _ratio(t.reference_latency_ms, t.latency_ms, ".2f"),
+            "[green]yes[/]" if t.verified else f"[yellow]{t.verification}[/]", f"{t.trials_total} ({t.trials_measured})",
         )
     out.print(table)
     for name, t in result.targets.items():
@@ -144,6 +189,71 @@ def report(
     except EdgetuneError as exc:
         _fail(exc)
     out.print(str(path), markup=False, soft_wrap=True)
+
+
+fleet_app = typer.Typer(no_args_is_help=True, help="Start, inspect and stop what RECIPE's targets are measured on.")
+app.add_typer(fleet_app, name="fleet")
+
+
+def _report(who: str, what: str) -> None:
+    out.print(f"[{who}] {what}", markup=False, soft_wrap=True)
+
+
+def _fleet_recipe(recipe: Path):
+    from edgetune.recipe import load_recipe
+
+    try:
+        return load_recipe(recipe)
+    except EdgetuneError as exc:
+        _fail(exc)
+
+
+def _fleet_done(problems: list[str]) -> None:
+    for problem in problems:
+        for line in problem.splitlines():
+            err.print(f"[bold red]error:[/] {escape(line)}", markup=True, soft_wrap=True)
+    raise typer.Exit(1 if problems else 0)
+
+
+@fleet_app.command("up")
+def fleet_up(recipe: RecipeArg) -> None:
+    """Start the recipe's tracker (tracker: start: true) and, over SSH, each ssh target's RPC server."""
+    from edgetune.fleet.provision import up
+
+    _fleet_done(up(_fleet_recipe(recipe), _report))
+
+
+@fleet_app.command("down")
+def fleet_down(recipe: RecipeArg) -> None:
+    """Stop what `fleet up` started for RECIPE (found by its pid files), and nothing else."""
+    from edgetune.fleet.provision import down
+
+    _fleet_done(down(_fleet_recipe(recipe), _report))
+
+
+@fleet_app.command("status")
+def fleet_status(recipe: RecipeArg) -> None:
+    """Servers per key on each tracker, and each device's health; exit 1 when a target has no server."""
+    from edgetune.fleet.status import fleet_status as gather
+    from edgetune.fleet.tracker import TrackerSummary
+
+    status = gather(_fleet_recipe(recipe))
+    if status.local_tracker_pid is not None:
+        out.print(f"[tracker] started by fleet up (pid {status.local_tracker_pid})", markup=False)
+    for address, summary in status.trackers.items():
+        if not isinstance(summary, TrackerSummary):
+            err.print(f"[bold red]error:[/] {escape(summary)}", markup=True, soft_wrap=True)
+            continue
+        table = Table(title=f"tracker {address}")
+        for column in ("key", "total", "free", "pending"):
+            table.add_column(column)
+        for key, servers in sorted(summary.keys.items()):
+            table.add_row(key, str(servers.total), str(servers.free), str(servers.pending))
+        out.print(table)
+    for t in status.targets:
+        line = f"[{t.name}] {t.connection}" + (f" via {t.tracker}" if t.tracker else "") + f": {t.health}"
+        out.print(line if t.healthy else f"{line} (not ready)", markup=False, soft_wrap=True)
+    raise typer.Exit(0 if status.ok else 1)
 
 
 def main() -> None:

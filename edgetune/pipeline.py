@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -20,14 +21,20 @@ from typing import Any
 import numpy as np
 
 import edgetune
+from edgetune.cuda_precompile import precompile_cuda
 from edgetune.errors import BuildError, EdgetuneError, InputError
+from edgetune.fleet.endpoints import RemoteDevice, remote_device
+from edgetune.fleet.tracker import require_servers
 from edgetune.frontend.onnx import LoadedModel, fuse_for_tuning, load_model, to_relax
-from edgetune.package.artifact import archive_artifact, sha256_file, write_artifact
-from edgetune.package.verify import check_native_outputs, checksum_problems, compare_outputs, read_manifest
+from edgetune.package.artifact import archive_artifact, sha256_file, write_artifact_files, write_manifest
+from edgetune.package.deploy import build_program, missing_runner_hint, runner_for, stage_runtime
+from edgetune.package.runtime import runtime_files
+from edgetune.package.verify import OutputCheck, checksum_problems, read_manifest
 from edgetune.profiles import DeviceProfile, resolve_profile
 from edgetune.recipe import FleetTarget, Recipe, recipe_hash
 from edgetune.reference import ReferenceRuntime
 from edgetune.report import render_report
+from edgetune.toolchains import Toolchain, check_toolchains
 from edgetune.tuning.records import RecordStore
 from edgetune.tuning.tasks import extract_tasks
 from edgetune.tuning.tune import TaskProgress, TuningInterrupted, TuningPlan, tune
@@ -47,10 +54,12 @@ class TargetResult:
     untuned_latency_ms: float | None = None
     reference_latency_ms: float | None = None
     verified: bool = False
+    verification: str = "not run"  # "matched", "mismatch", or "not run: <why>"
     max_abs_error: float | None = None
     trials_measured: int = 0
     trials_total: int = 0
     tasks: list[dict[str, Any]] = field(default_factory=list)
+    tasks_total: int = 0
     reused: bool = False  # inputs unchanged: the packaged artifact was kept
     error: str | None = None
     wall_s: float = 0.0
@@ -64,7 +73,7 @@ class BuildResult:
 
     @property
     def ok(self) -> bool:
-        return all(t.error is None and t.verified for t in self.targets.values())
+        return all(t.error is None for t in self.targets.values())
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,13 +105,15 @@ def build(recipe: Recipe, only: list[str] | None = None, on_event: EventFn | Non
         zoo=recipe.model.zoo, onnx_path=recipe.model_path, input_shapes=recipe.model.input_shapes
     )
     profiles = {t.name: resolve_profile(t.profile, t.overrides) for t in targets}
+    toolchains = check_toolchains(list(profiles.values()))
     relax_mod = to_relax(model)
     reference = ReferenceRuntime(model)
     for target in targets:
         started = time.monotonic()
         try:
+            profile = profiles[target.name]
             result.targets[target.name] = _build_target(
-                recipe, target, profiles[target.name], model, relax_mod, reference, emit
+                recipe, target, profile, toolchains[profile.name], model, relax_mod, reference, emit
             )
         except TuningInterrupted:
             raise
@@ -138,93 +149,64 @@ def _build_target(
     recipe: Recipe,
     target: FleetTarget,
     profile: DeviceProfile,
+    toolchain: Toolchain,
     model: LoadedModel,
     relax_mod,
     reference: ReferenceRuntime,
     emit: EventFn,
 ) -> TargetResult:
-    import tvm
-
-    if not target.is_local:
+    # Measured here: this machine's CPU. Other devices need an RPC connection, or no tuning at all.
+    measured_here = target.is_local and profile.device == "cpu" and toolchain.native
+    remote = remote_device(recipe, target, profile.device, toolchain.cc)
+    if remote is not None:
+        require_servers(remote.tracker, remote.key)  # a missing device is named before any work
+    if not measured_here and remote is None and recipe.tuning.trials_per_task != 0:
         raise BuildError(
-            f"target '{target.name}': tuning through an RPC tracker is not available yet; "
-            "only targets measured on this machine (connection: local) can be built"
-        )
-    if not profile.is_native:
-        raise BuildError(
-            f"target '{target.name}': profile '{profile.name}' ({profile.isa}) cannot run on this machine, "
-            "and it has no RPC connection to measure it on"
+            f"target '{target.name}': a {toolchain.arch}/{profile.device} device cannot be measured on this "
+            "machine; give it an RPC connection, or set tuning.trials_per_task: 0 to compile it with the "
+            "records its store already holds"
         )
     tvm_target = profile.tvm_target()
     root = recipe.output_dir / recipe.name
     work = root / "work" / target.name
     store = RecordStore(work / "records")
-
-    emit(Event(target.name, f"extracting tasks for {profile.name} ({_describe_target(profile)})"))
-    tasks = extract_tasks(fuse_for_tuning(relax_mod, tvm_target), tvm_target)
-    tuned_tasks = tasks[: recipe.tuning.max_tasks] if recipe.tuning.max_tasks else tasks
-    plan = TuningPlan(
-        trials_per_task=recipe.tuning.trials_per_task or 1_000_000,
-        time_budget_s=recipe.tuning.time_budget_min * 60 if recipe.tuning.time_budget_min else None,
-        search=recipe.tuning.search,
-        seed=recipe.tuning.seed,
-        cores=profile.hardware.cores or 1,
-    )
-    emit(Event(target.name, f"{len(tasks)} tasks, tuning {len(tuned_tasks)} with {plan.search} search"))
-    tuning = tune(tuned_tasks, tvm_target, store, plan, lambda p: emit(Event(target.name, "", p)))
-    summary = [
-        {
-            "name": t.name,
-            "weight": t.weight,
-            "flops": t.flops,
-            "trials": t.trials_before + t.trials_measured,
-            "trials_measured_now": t.trials_measured,
-            "best_us": t.best_us,
-            "gflops": t.gflops,
-            "skipped_for_budget": t.skipped_for_budget,
-        }
-        for t in tuning.tasks
-    ]
-    result = TargetResult(
-        target.name,
-        trials_measured=tuning.trials_measured,
-        trials_total=sum(t["trials"] for t in summary),
-        tasks=summary,
-    )
+    result = _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, remote)
 
     artifact_dir = root / target.name
     archive = root / f"{target.name}.tar.gz"
-    inputs_hash = _inputs_hash(recipe, target, profile, model, store)
+    inputs_hash = _inputs_hash(recipe, target, profile, toolchain, model, store)
     if _reusable(artifact_dir, archive, inputs_hash):
         emit(Event(target.name, "inputs unchanged: keeping the packaged artifact"))
-        manifest = read_manifest(artifact_dir)
-        _fill_from_manifest(result, manifest, artifact_dir, archive)
+        _fill_from_manifest(result, read_manifest(artifact_dir), artifact_dir, archive)
         result.reused = True
         return result
 
-    emit(Event(target.name, "compiling with the tuned records"))
-    from edgetune.compile import compile_model, export_library, load_library, time_model
+    emit(Event(target.name, f"compiling with the tuned records ({toolchain.cc.name})"))
+    from edgetune.compile import compile_model, export_library
 
-    device = tvm.device(profile.device, 0)
     work.mkdir(parents=True, exist_ok=True)
-    library = export_library(compile_model(relax_mod, tvm_target, store.database), work / "model.so")
+    executable = compile_model(relax_mod, tvm_target, store.database)
+    cuda_kernels = _precompile_kernels(executable, profile, toolchain)
+    library = export_library(executable, work / "model.so", toolchain.fcompile())
     samples = model.sample_inputs()
-    sample_list = [samples[i.name] for i in model.inputs]
     expected = reference.run(samples)
+    latency = {"tuned": None, "untuned": None, "onnxruntime": None}
+    measured_on = _measured_on(profile) if measured_here else remote.where if remote else None
+    if measured_here:
+        emit(Event(target.name, "timing tuned, untuned and ONNX Runtime"))
+        latency = _measure(relax_mod, tvm_target, library, model, samples, reference, profile, work)
+    elif remote is not None:
+        emit(Event(target.name, f"timing tuned and untuned on the device ({remote.where})"))
+        latency = _measure_remote(relax_mod, tvm_target, library, model, samples, toolchain, remote, work)
 
-    emit(Event(target.name, "verifying against ONNX Runtime and timing"))
-    vm = load_library(library, device)
-    from edgetune.compile import run as run_vm
-
-    check = compare_outputs(
-        dict(zip(model.output_names, run_vm(vm, sample_list, device))), expected,
-        recipe.verify.rtol, recipe.verify.atol,
-    )
-    tuned_ms = time_model(vm, sample_list, device)
-    untuned_ms = time_model(load_library(export_library(compile_model(relax_mod, tvm_target, None),
-                                                        work / "untuned.so"), device), sample_list, device)
-    reference_ms = reference.time(samples, threads=profile.hardware.cores or 1)
-
+    context = _template_context(recipe, target, profile, toolchain, model, latency, measured_on)
+    write_artifact_files(artifact_dir, library=library, sample_inputs=samples, reference_outputs=expected,
+                         template_context=context)
+    runtime_dir = None
+    if recipe.package.bundle_runtime:
+        emit(Event(target.name, f"bundling TVM's {toolchain.arch} runtime and building the C++ deploy program"))
+        runtime_dir = stage_runtime(runtime_files(toolchain.arch), artifact_dir / "runtime")
+        build_program(artifact_dir / "deploy", toolchain, runtime_dir, artifact_dir / "bin" / "deploy")
     manifest = {
         "edgetune_version": edgetune.__version__,
         "build_inputs_sha256": inputs_hash,
@@ -239,71 +221,218 @@ def _build_target(
             "name": target.name,
             "profile": profile.name,
             "device": profile.device,
-            "tvm_target": json.loads(json.dumps(profile.target)),
             "isa": profile.isa,
+            "arch": toolchain.arch,
+            "tvm_target": json.loads(json.dumps(profile.target)),
+            "tvm_host": json.loads(json.dumps(profile.host)),
         },
         "versions": _versions(),
+        "toolchain": toolchain.describe(),
+        "cuda_kernels": cuda_kernels,
+        "runtime_bundled": runtime_dir is not None,
         "tuning": {
-            "search": plan.search,
+            "search": recipe.tuning.search,
             "trials_per_task": recipe.tuning.trials_per_task,
             "time_budget_min": recipe.tuning.time_budget_min,
-            "seed": plan.seed,
-            "tasks_total": len(tasks),
+            "seed": recipe.tuning.seed,
+            "tasks_total": result.tasks_total,
             "trials_total": result.trials_total,
-            "tasks": summary,
+            "tasks": result.tasks,
         },
-        "latency_ms": {"tuned": tuned_ms, "untuned": untuned_ms, "onnxruntime": reference_ms},
-        "measured_on": f"this build machine ({platform.machine()}, {profile.hardware.cores} cores)",
-        "verification": {
-            "reference": "onnxruntime",
-            "rtol": recipe.verify.rtol,
-            "atol": recipe.verify.atol,
-            "max_abs_error": check.max_abs_error,
-            "matches": check.matches,
-        },
+        "latency_ms": latency,
+        "measured_on": measured_on,
+        "verification": {"reference": "onnxruntime", "rtol": recipe.verify.rtol, "atol": recipe.verify.atol},
     }
-    write_artifact(
-        artifact_dir,
-        library=library,
-        sample_inputs=samples,
-        reference_outputs=expected,
-        manifest=manifest,
-        template_context={
-            "model_name": model.name,
-            "target_name": target.name,
-            "recipe_name": recipe.name,
-            "recipe_hash": recipe_hash(recipe),
-            "profile": profile.name,
-            "tvm_target": json.dumps(profile.target, sort_keys=True),
-            "device": profile.device,
-            "edgetune_version": edgetune.__version__,
-            "tvm_package": f"apache-tvm=={tvm.__version__}",
-            "input_names": repr([i.name for i in model.inputs]),
-            "output_names": repr(list(model.output_names)),
-            "rtol": recipe.verify.rtol,
-            "atol": recipe.verify.atol,
-            "measured_on": manifest["measured_on"],
-            "latency_ms": tuned_ms,
-            "untuned_text": f"{untuned_ms:.3f} ms",
-            "reference_text": f"{reference_ms:.3f} ms",
-        },
-    )
-    # Verify what ships, not what is in memory: the packaged files, loaded afresh.
-    problems = checksum_problems(artifact_dir, read_manifest(artifact_dir))
-    shipped = check_native_outputs(artifact_dir, read_manifest(artifact_dir))
+    emit(Event(target.name, "verifying the packaged artifact against ONNX Runtime"))
+    manifest["verification"].update(_verify_shipped(artifact_dir, manifest, toolchain, runtime_dir, remote))
+    write_manifest(artifact_dir, manifest)
     archive_artifact(artifact_dir, archive)
     _fill_from_manifest(result, read_manifest(artifact_dir), artifact_dir, archive)
+    problems = checksum_problems(artifact_dir, read_manifest(artifact_dir))
+    verification = manifest["verification"]
     if problems:
-        result.verified = False
         result.error = f"target '{target.name}': packaged artifact is inconsistent: " + "; ".join(problems)
-    elif not (check.matches and shipped.matches):
-        result.verified = False
+    elif verification["matches"] is False:
         result.error = (
             f"target '{target.name}': output differs from ONNX Runtime's by up to "
-            f"{max(check.max_abs_error, shipped.max_abs_error):.3g} (rtol {recipe.verify.rtol}, "
-            f"atol {recipe.verify.atol}); the artifact in {artifact_dir} is not verified"
+            f"{verification['max_abs_error']:.3g} (rtol {recipe.verify.rtol}, atol {recipe.verify.atol}); "
+            f"the artifact in {artifact_dir} is not verified"
         )
     return result
+
+
+def _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, remote) -> TargetResult:
+    emit(Event(target.name, f"extracting tasks for {profile.name} ({_describe_target(profile)})"))
+    tasks = extract_tasks(fuse_for_tuning(relax_mod, tvm_target), tvm_target)
+    tuned_tasks = tasks[: recipe.tuning.max_tasks] if recipe.tuning.max_tasks else tasks
+    trials = recipe.tuning.trials_per_task
+    plan = TuningPlan(
+        trials_per_task=1_000_000 if trials is None else trials,
+        time_budget_s=recipe.tuning.time_budget_min * 60 if recipe.tuning.time_budget_min else None,
+        search=recipe.tuning.search,
+        seed=recipe.tuning.seed,
+        cores=profile.hardware.cores or 1,
+        hardware=profile.hardware,
+        device=profile.device,
+        isa=profile.isa,
+        remote=remote,
+    )
+    if trials == 0:
+        emit(Event(target.name, f"{len(tasks)} tasks; no tuning (trials_per_task: 0)"))
+    else:
+        where = f", measured on {remote.where}" if remote else ""
+        emit(Event(target.name, f"{len(tasks)} tasks, tuning {len(tuned_tasks)} with {plan.search} search{where}"))
+    tuning = tune(tuned_tasks, tvm_target, store, plan, lambda p: emit(Event(target.name, "", p)))
+    summary = [
+        {
+            "name": t.name,
+            "weight": t.weight,
+            "flops": t.flops,
+            "trials": t.trials_before + t.trials_measured,
+            "trials_measured_now": t.trials_measured,
+            "best_us": t.best_us,
+            "gflops": t.gflops,
+            "skipped_for_budget": t.skipped_for_budget,
+        }
+        for t in tuning.tasks
+    ]
+    return TargetResult(
+        target.name,
+        trials_measured=tuning.trials_measured,
+        trials_total=sum(t["trials"] for t in summary),
+        tasks=summary,
+        tasks_total=len(tasks),
+    )
+
+
+def _measure(relax_mod, tvm_target, library, model, samples, reference, profile, work) -> dict[str, float]:
+    """Latency of the packaged library, of the same model untuned, and of ONNX Runtime, on this machine."""
+    import tvm
+
+    from edgetune.compile import compile_model, export_library, load_library, time_model
+
+    device = tvm.device(profile.device, 0)
+    sample_list = [samples[i.name] for i in model.inputs]
+    untuned = export_library(compile_model(relax_mod, tvm_target, None), work / "untuned.so")
+    return {
+        "tuned": time_model(load_library(library, device), sample_list, device),
+        "untuned": time_model(load_library(untuned, device), sample_list, device),
+        "onnxruntime": reference.time(samples, threads=profile.hardware.cores or 1),
+    }
+
+
+def _measure_remote(relax_mod, tvm_target, library, model, samples, toolchain, remote, work) -> dict[str, float | None]:
+    """Latency of the packaged library and of the same model untuned, timed on the device over RPC.
+
+    ONNX Runtime runs on this machine only, so the device has no reference latency.
+    """
+    from edgetune.compile import compile_model, export_library
+    from edgetune.fleet.session import remote_latency_ms
+
+    sample_list = [samples[i.name] for i in model.inputs]
+    untuned = export_library(compile_model(relax_mod, tvm_target, None), work / "untuned.so", toolchain.fcompile())
+    return {
+        "tuned": remote_latency_ms(remote, library, sample_list),
+        "untuned": remote_latency_ms(remote, untuned, sample_list),
+        "onnxruntime": None,
+    }
+
+
+def _verify_shipped(artifact_dir: Path, manifest: dict, toolchain: Toolchain, runtime_dir: Path | None,
+                    remote: RemoteDevice | None) -> dict:
+    """Run what ships, loaded afresh from the artifact, on the sample input; say how, or why not."""
+    from edgetune.package.verify import check_native_outputs
+
+    checks: list[tuple[str, OutputCheck]] = []
+    reasons = []
+    if manifest["target"]["device"] != "cpu":
+        reasons.append(f"no {manifest['target']['device']} device on this machine")
+    else:
+        if toolchain.native:
+            checks.append(("TVM's Python runtime, this machine", check_native_outputs(artifact_dir, manifest)))
+        program_runner = runner_for(toolchain.arch)
+        if program_runner is None:
+            reasons.append(missing_runner_hint(toolchain.arch))
+        elif runtime_dir is not None or not toolchain.native:
+            method = "C++ deploy program" + (f" under {program_runner[0]}" if program_runner else ", this machine")
+            checks.append((method, _check_program(artifact_dir, manifest, toolchain, runtime_dir)))
+    if remote is not None:
+        from edgetune.fleet.session import check_remote_outputs
+
+        check = check_remote_outputs(artifact_dir, manifest, remote)
+        checks.append((f"TVM's runtime on the device, {remote.where}", check))
+    if not checks:
+        return {"matches": None, "max_abs_error": None, "methods": [], "not_run": "; ".join(reasons)}
+    return {
+        "matches": all(c.matches for _, c in checks),
+        "max_abs_error": max(c.max_abs_error for _, c in checks),
+        "methods": [m for m, _ in checks],
+        "not_run": None,
+    }
+
+
+def _check_program(artifact_dir: Path, manifest: dict, toolchain: Toolchain, runtime_dir: Path | None):
+    """The deploy program: the artifact's own build when bundled, else one built here from its sources."""
+    from edgetune.package.verify import check_program_outputs
+
+    if runtime_dir is not None:
+        return check_program_outputs(artifact_dir, manifest, artifact_dir / "bin" / "deploy", runtime_dir / "lib")
+    with tempfile.TemporaryDirectory() as scratch:
+        staged = stage_runtime(runtime_files(toolchain.arch), Path(scratch) / "runtime")
+        program = build_program(artifact_dir / "deploy", toolchain, staged, Path(scratch) / "deploy")
+        return check_program_outputs(artifact_dir, manifest, program, staged / "lib")
+
+
+def _template_context(recipe, target, profile, toolchain, model, latency, measured_on) -> dict[str, Any]:
+    import tvm
+
+    def ms(value: float | None) -> str:
+        return f"{value:.3f} ms" if value is not None else "not measured"
+
+    return {
+        "model_name": model.name,
+        "target_name": target.name,
+        "recipe_name": recipe.name,
+        "recipe_hash": recipe_hash(recipe),
+        "profile": profile.name,
+        "tvm_target": json.dumps(profile.target, sort_keys=True),
+        "device": profile.device,
+        "arch": toolchain.arch,
+        "cxx": toolchain.cxx.name if toolchain.cxx else "g++",
+        "edgetune_version": edgetune.__version__,
+        "tvm_package": f"apache-tvm=={tvm.__version__}",
+        "input_names": repr([i.name for i in model.inputs]),
+        "output_names": list(model.output_names),
+        "inputs": [
+            {"name": i.name, "shape": list(i.shape), "dl_code": _DL_CODES[i.dtype.rstrip("0123456789")],
+             "bits": int("".join(c for c in i.dtype if c.isdigit()))}
+            for i in model.inputs
+        ],
+        "rtol": recipe.verify.rtol,
+        "atol": recipe.verify.atol,
+        "measured_on": measured_on if latency["tuned"] is not None else "no device (not measured)",
+        "tuned_text": ms(latency["tuned"]),
+        "untuned_text": ms(latency["untuned"]),
+        "reference_text": ms(latency["onnxruntime"]),
+    }
+
+
+_DL_CODES = {"float": "kDLFloat", "int": "kDLInt", "uint": "kDLUInt"}
+
+
+def _measured_on(profile: DeviceProfile) -> str:
+    return f"this build machine ({platform.machine()}, {profile.hardware.cores} cores)"
+
+
+def _precompile_kernels(executable, profile: DeviceProfile, toolchain: Toolchain) -> str | None:
+    """For CUDA targets, embed nvcc's fatbin when a toolkit is here; say which form the kernels ship in."""
+    if profile.device != "cuda":
+        return None
+    if toolchain.cuda is None:
+        return "CUDA C source, compiled by NVRTC when the library loads on the device (no nvcc found here)"
+    arch = profile.target["arch"]
+    form = precompile_cuda(executable, arch, toolchain.cuda.nvcc)
+    return f"{form} for {arch}, precompiled with nvcc {toolchain.cuda.version}"
 
 
 def _describe_target(profile: DeviceProfile) -> str:
@@ -325,8 +454,8 @@ def _versions() -> dict[str, str]:
     }
 
 
-def _inputs_hash(recipe: Recipe, target: FleetTarget, profile: DeviceProfile, model: LoadedModel,
-                 store: RecordStore) -> str:
+def _inputs_hash(recipe: Recipe, target: FleetTarget, profile: DeviceProfile, toolchain: Toolchain,
+                 model: LoadedModel, store: RecordStore) -> str:
     """Everything the artifact depends on: a change in any of these rebuilds it."""
     digest = hashlib.sha256()
     digest.update(json.dumps({
@@ -336,9 +465,10 @@ def _inputs_hash(recipe: Recipe, target: FleetTarget, profile: DeviceProfile, mo
         # What the compiled code depends on; not hardware numbers such as a clock read off /proc.
         "tvm_target": str(profile.tvm_target()),
         "device": profile.device,
-        "cross_compiler": profile.cross_compiler,
+        "toolchain": toolchain.describe(),
         "tuning": recipe.tuning.model_dump(mode="json"),
         "verify": recipe.verify.model_dump(mode="json"),
+        "package": recipe.package.model_dump(mode="json"),
     }, sort_keys=True).encode())
     for path in store.files():
         digest.update(sha256_file(path).encode() if path.exists() else b"-")
@@ -351,7 +481,7 @@ def _reusable(artifact_dir: Path, archive: Path, inputs_hash: str) -> bool:
     manifest = read_manifest(artifact_dir)
     return (
         manifest.get("build_inputs_sha256") == inputs_hash
-        and manifest["verification"]["matches"]
+        and manifest["verification"]["matches"] is not False
         and not checksum_problems(artifact_dir, manifest)
     )
 
@@ -363,5 +493,10 @@ def _fill_from_manifest(result: TargetResult, manifest: dict, artifact_dir: Path
     result.latency_ms = latency["tuned"]
     result.untuned_latency_ms = latency["untuned"]
     result.reference_latency_ms = latency["onnxruntime"]
-    result.verified = bool(manifest["verification"]["matches"])
-    result.max_abs_error = manifest["verification"]["max_abs_error"]
+    verification = manifest["verification"]
+    result.verified = verification["matches"] is True
+    result.verification = (
+        "matched" if verification["matches"] else "mismatch" if verification["matches"] is False
+        else f"not run: {verification['not_run']}"
+    )
+    result.max_abs_error = verification["max_abs_error"]

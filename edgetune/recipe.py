@@ -84,20 +84,24 @@ class ModelSpec(_Strict):
         return self
 
 
+def _check_host_port(value: str) -> str:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"expected 'host:port' with a port from 1 to 65535, got {value!r}")
+    return value
+
+
+HostPort = Annotated[str, AfterValidator(_check_host_port)]
+
+
 class RpcSpec(_Strict):
     """Where to reach a remote device: an RPC tracker and the key the device registered with."""
 
-    tracker: str
+    tracker: HostPort
     """host:port of the RPC tracker."""
     key: str = Field(min_length=1)
-
-    @field_validator("tracker")
-    @classmethod
-    def _host_port(cls, value: str) -> str:
-        host, _, port = value.rpartition(":")
-        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise ValueError(f"expected 'host:port' with a port from 1 to 65535, got {value!r}")
-        return value
+    timeout_s: YamlFloat = Field(default=30.0, gt=0)
+    """Seconds one measurement may take on the device; a server that hangs costs this once."""
 
     @property
     def tracker_host(self) -> str:
@@ -110,10 +114,58 @@ class RpcSpec(_Strict):
         return int(self.tracker.rpartition(":")[2])
 
 
-class RpcConnection(_Strict):
-    """`connection: {rpc: {...}}`: the device is measured over TVM RPC."""
+class SshSpec(_Strict):
+    """A device edgetune provisions over SSH (`edgetune fleet up`): it starts the device's RPC server.
 
-    rpc: RpcSpec
+    Key or agent authentication only; the host key must be known (or `accept_new_host_key`).
+    """
+
+    host: str = Field(min_length=1)
+    user: str = Field(min_length=1)
+    port: int = Field(default=22, ge=1, le=65535)
+    key_file: str | None = None
+    """Private key, relative to the recipe file; without it, the SSH agent's keys and ~/.ssh/id_*."""
+    known_hosts: str = "~/.ssh/known_hosts"
+    accept_new_host_key: bool = False
+    """OpenSSH's accept-new: trust and record an unknown host key; a changed one is still refused."""
+    python: str = "python3"
+    """The device's Python, with apache-tvm of the host's version installed."""
+    workdir: str = ".edgetune/fleet"
+    """Where the RPC server's pid file and log live on the device (relative to the login directory)."""
+    tracker: HostPort | None = None
+    """host:port of the tracker, as this machine reaches it; defaults to the recipe's `tracker`."""
+    key: str = Field(min_length=1)
+    """The RPC key the device's server registers under."""
+    timeout_s: YamlFloat = Field(default=30.0, gt=0)
+    """Seconds one measurement may take on the device; a server that hangs costs this once."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_password(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "password" in data:
+            raise ValueError(
+                "a password cannot be given in a recipe: edgetune logs in with a key (key_file) or your SSH "
+                "agent only; remove 'password'"
+            )
+        return data
+
+
+class RpcConnection(_Strict):
+    """`connection: {rpc: {...}}`: measured over TVM RPC; `{ssh: {...}}`: the same, after provisioning."""
+
+    rpc: RpcSpec | None = None
+    ssh: SshSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> RpcConnection:
+        if (self.rpc is None) == (self.ssh is None):
+            raise ValueError("give exactly one of 'rpc' (a registered device) or 'ssh' (a device to provision)")
+        return self
+
+    @property
+    def key(self) -> str:
+        """The RPC key the device is measured under."""
+        return (self.rpc or self.ssh).key  # type: ignore[union-attr]
 
 
 class FleetTarget(_Strict):
@@ -135,7 +187,10 @@ class FleetTarget(_Strict):
         if value == "local":
             return None
         if isinstance(value, str):
-            raise ValueError(f"expected 'local' or {{rpc: {{tracker: 'host:port', key: ...}}}}, got {value!r}")
+            raise ValueError(
+                f"expected 'local' or {{rpc: {{tracker: 'host:port', key: ...}}}} or {{ssh: {{host: ..., user: ..., "
+                f"key: ...}}}}, got {value!r}"
+            )
         return value
 
     @property
@@ -147,7 +202,8 @@ class FleetTarget(_Strict):
 class TuningSpec(_Strict):
     """Search budget: trials per task and/or wall-clock minutes, whichever runs out first."""
 
-    trials_per_task: PositiveInt | None = None
+    trials_per_task: NonNegativeInt | None = None
+    """Measurements per task across builds; 0 compiles with whatever records the target's store holds."""
     time_budget_min: YamlFloat | None = Field(default=None, gt=0)
     search: Literal["evolutionary", "draft-verify"] = "evolutionary"
     seed: NonNegativeInt = 0
@@ -168,6 +224,29 @@ class VerifySpec(_Strict):
     atol: YamlFloat = Field(default=1e-4, ge=0)
 
 
+class PackageSpec(_Strict):
+    """What goes into each artifact beyond the library and its scripts."""
+
+    bundle_runtime: bool = False
+    """Ship TVM's runtime libraries for the device's architecture and a compiled C++ deploy program,
+    so a board without pip (or Python) can run the model."""
+
+
+class TrackerSpec(_Strict):
+    """The recipe's RPC tracker; with `start`, `edgetune fleet up` runs it on this machine."""
+
+    host: str = "127.0.0.1"
+    """Address it binds to (and is reached at); loopback unless devices must reach it directly."""
+    port: int = Field(default=9190, ge=1, le=65535)
+    start: bool = True
+
+    @property
+    def address(self) -> str:
+        """host:port as this machine connects to it (a wildcard bind is reached on loopback)."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else "::1" if self.host == "::" else self.host
+        return f"{host}:{self.port}"
+
+
 class Recipe(_Strict):
     """A validated recipe. Relative paths resolve against `base_dir` (the recipe's directory)."""
 
@@ -176,6 +255,9 @@ class Recipe(_Strict):
     fleet: list[FleetTarget] = Field(min_length=1)
     tuning: TuningSpec
     verify: VerifySpec = Field(default_factory=VerifySpec)
+    package: PackageSpec = Field(default_factory=PackageSpec)
+    tracker: TrackerSpec | None = None
+    """The fleet's RPC tracker (see `edgetune fleet up`); the default tracker of `ssh` connections."""
     output: str = "build"
     """Output directory, relative to the recipe file."""
 
@@ -226,7 +308,7 @@ def _load(doc: YamlDocument, base_dir: Path) -> Recipe:
     recipe, problems = validate(Recipe, doc.data)
     problems += _model_file_problems(doc.data, base_dir)
     fleet_problems, outside = _fleet_problems(doc.data)
-    problems += fleet_problems
+    problems += fleet_problems + _tracker_problems(doc.data)
     if problems or outside or recipe is None:
         raise InputError(doc.locate(problems) + outside)
     recipe._base_dir = base_dir.resolve()
@@ -288,3 +370,20 @@ def _fleet_problems(data: dict[str, Any]) -> tuple[list[Problem], list[str]]:
         except InputError as exc:
             outside += [p for p in exc.problems if p not in outside]
     return problems, outside
+
+
+def _tracker_problems(data: dict[str, Any]) -> list[Problem]:
+    """An `ssh` connection needs a tracker: its own, or the recipe's."""
+    if isinstance(data.get("tracker"), dict):
+        return []
+    fleet = data.get("fleet")
+    problems = []
+    for i, entry in enumerate(fleet if isinstance(fleet, list) else []):
+        connection = entry.get("connection") if isinstance(entry, dict) else None
+        ssh = connection.get("ssh") if isinstance(connection, dict) else None
+        if isinstance(ssh, dict) and "tracker" not in ssh:
+            problems.append(Problem(
+                ("fleet", i, "connection", "ssh", "tracker"),
+                "no tracker: give 'tracker: host:port' here, or a recipe-level 'tracker:' section",
+            ))
+    return problems

@@ -7,14 +7,16 @@ from pathlib import Path
 
 import numpy as np
 
-from edgetune.package.artifact import archive_artifact, save_arrays, write_artifact
+from edgetune.package.artifact import archive_artifact, save_arrays, write_artifact_files, write_manifest
 from edgetune.package.verify import checksum_problems, read_manifest
 
 CONTEXT = {
     "model_name": "m", "target_name": "host", "recipe_name": "r", "recipe_hash": "0" * 64, "profile": "host",
     "tvm_target": "{}", "device": "cpu", "edgetune_version": "0", "tvm_package": "apache-tvm==0.27.0.post1",
     "input_names": "['data']", "output_names": "['logits']", "rtol": 1e-4, "atol": 1e-4,
-    "measured_on": "here", "latency_ms": 1.0, "untuned_text": "2 ms", "reference_text": "1 ms",
+    "measured_on": "here", "tuned_text": "1 ms", "untuned_text": "2 ms", "reference_text": "1 ms",
+    "arch": "x86_64", "cxx": "g++", "output_names": ["logits"],
+    "inputs": [{"name": "data", "shape": [6], "dl_code": "kDLFloat", "bits": 32}],
 }
 
 
@@ -23,17 +25,17 @@ def make_artifact(root: Path, library_bytes: bytes = b"\x7fELF fake library") ->
     library = root / "lib.so"
     library.write_bytes(library_bytes)
     directory = root / "host"
-    write_artifact(directory, library=library, sample_inputs={"data": np.arange(6, dtype="float32")},
-                   reference_outputs={"logits": np.ones(3, dtype="float32")}, manifest={"k": 1},
-                   template_context=CONTEXT)
+    write_artifact_files(directory, library=library, sample_inputs={"data": np.arange(6, dtype="float32")},
+                         reference_outputs={"logits": np.ones(3, dtype="float32")}, template_context=CONTEXT)
+    write_manifest(directory, {"k": 1})
     return directory
 
 
 def test_manifest_lists_every_file_with_its_sha256(tmp_path: Path) -> None:
     directory = make_artifact(tmp_path)
     manifest = read_manifest(directory)
-    assert sorted(manifest["files"]) == ["README.md", "model.so", "reference_output.npz", "run.py",
-                                         "sample_input.npz"]
+    assert sorted(manifest["files"]) == ["README.md", "deploy/CMakeLists.txt", "deploy/deploy.cc", "model.so",
+                                         "reference_output.npz", "run.py", "sample_input.npz"]
     assert checksum_problems(directory, manifest) == []
 
 

@@ -41,6 +41,7 @@ def test_build_reports_latencies_and_a_verified_artifact(built) -> None:
         assert host[key] > 0
     assert Path(host["artifact"]) == directory / "out" / "tiny" / "host.tar.gz"
     assert "ONNX Runtime ms" in run.stdout and "task 1/2 fused_conv2d" in run.stdout
+    assert " s left" in run.stdout  # not a terminal: plain progress lines with an estimate
 
 
 def test_archive_unpacks_to_checked_manifest_and_a_matching_run_script(built, tmp_path) -> None:
@@ -54,7 +55,9 @@ def test_archive_unpacks_to_checked_manifest_and_a_matching_run_script(built, tm
     manifest = json.loads((unpacked / "manifest.json").read_text())
     from edgetune.package.artifact import sha256_file
 
-    assert set(manifest["files"]) == {p.name for p in unpacked.iterdir()} - {"manifest.json"}
+    files = {str(p.relative_to(unpacked)) for p in unpacked.rglob("*") if p.is_file()}
+    assert set(manifest["files"]) == files - {"manifest.json"}
+    assert {"model.so", "run.py", "deploy/deploy.cc", "deploy/CMakeLists.txt"} <= files
     for name, digest in manifest["files"].items():
         assert sha256_file(unpacked / name) == digest
     assert manifest["versions"]["tvm"].startswith("0.27")

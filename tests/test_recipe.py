@@ -171,7 +171,7 @@ BAD_CASES = {
         GOOD.replace("trials_per_task: 4", "trials_per_task: -4"),
         8,
         "tuning.trials_per_task",
-        "must be greater than 0, got -4",
+        "must be at least 0, got -4",
     ),
     "trials not a number": (
         GOOD.replace("trials_per_task: 4", "trials_per_task: many"),
@@ -308,7 +308,7 @@ def test_several_problems_reported_at_once(tmp_path: Path) -> None:
             profile: rpi5
             transfer_from: [nobody]
         tuning:
-          trials_per_task: 0
+          trials_per_task: -1
           search: random
         verify: {rtol: -1}
         outptu: build
@@ -321,7 +321,7 @@ def test_several_problems_reported_at_once(tmp_path: Path) -> None:
     assert_problem(found, path, 7, "fleet[1].name", "duplicate target name")
     assert_problem(found, path, 8, "fleet[1].profile", "unknown device profile 'rpi5'")
     assert_problem(found, path, 9, "fleet[1].transfer_from[0]", "no fleet target named 'nobody'")
-    assert_problem(found, path, 11, "tuning.trials_per_task", "must be greater than 0")
+    assert_problem(found, path, 11, "tuning.trials_per_task", "must be at least 0")
     assert_problem(found, path, 12, "tuning.search", "expected 'evolutionary' or 'draft-verify'")
     assert_problem(found, path, 13, "verify.rtol", "must be at least 0")
     assert_problem(found, path, 14, "outptu", "did you mean 'output'?")

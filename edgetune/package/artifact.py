@@ -1,7 +1,9 @@
 """The deployable artifact: a directory, and the same as a reproducible `<target>.tar.gz`.
 
-Layout: the library, `run.py` and `README.md` rendered from templates, a sample input with ONNX
-Runtime's output for it, and `manifest.json` carrying the sha256 of every other file.
+Layout: the library; `run.py`, `README.md` and the C++ deploy program's sources (`deploy/`)
+rendered from templates; a sample input with ONNX Runtime's output for it; optionally TVM's
+runtime for the device (`runtime/`) and the deploy program built against it (`bin/deploy`); and
+`manifest.json` carrying the sha256 of every other file.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import shutil
 import tarfile
 from pathlib import Path
@@ -50,19 +53,23 @@ def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
             archive.writestr(info, buffer.getvalue())
 
 
-def write_artifact(
+_TEMPLATES_OUT = {
+    "run.py.j2": "run.py",
+    "README.md.j2": "README.md",
+    "deploy.cc.j2": "deploy/deploy.cc",
+    "CMakeLists.txt.j2": "deploy/CMakeLists.txt",
+}
+
+
+def write_artifact_files(
     directory: Path,
     *,
     library: Path,
     sample_inputs: dict[str, np.ndarray],
     reference_outputs: dict[str, np.ndarray],
-    manifest: dict[str, Any],
     template_context: dict[str, Any],
-) -> Path:
-    """Fill `directory` (emptied first) and return the manifest's path.
-
-    `manifest` gets a `files` entry with the sha256 of every file written beside it.
-    """
+) -> None:
+    """Fill `directory` (emptied first) with everything but the manifest, which comes last."""
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
@@ -70,13 +77,24 @@ def write_artifact(
     save_arrays(directory / SAMPLE_INPUT_NAME, sample_inputs)
     save_arrays(directory / REFERENCE_OUTPUT_NAME, reference_outputs)
     context = {**template_context, "library": LIBRARY_NAME}
-    for template, name in (("run.py.j2", "run.py"), ("README.md.j2", "README.md")):
-        (directory / name).write_text(_TEMPLATES.get_template(template).render(**context))
+    for template, name in _TEMPLATES_OUT.items():
+        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(_TEMPLATES.get_template(template).render(**context))
     (directory / "run.py").chmod(0o755)
-    files = {p.name: sha256_file(p) for p in sorted(directory.iterdir()) if p.is_file()}
-    manifest_path = directory / MANIFEST_NAME
-    manifest_path.write_text(json.dumps({**manifest, "files": files}, indent=2, sort_keys=True) + "\n")
-    return manifest_path
+
+
+def artifact_files(directory: Path) -> list[Path]:
+    """Every file of the artifact but the manifest, as paths relative to it, sorted."""
+    return sorted(p.relative_to(directory) for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_NAME)
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
+    """`manifest.json` with a `files` entry: the sha256 of every other file of the artifact."""
+    files = {str(p): sha256_file(directory / p) for p in artifact_files(directory)}
+    path = directory / MANIFEST_NAME
+    path.write_text(json.dumps({**manifest, "files": files}, indent=2, sort_keys=True) + "\n")
+    return path
 
 
 def archive_artifact(directory: Path, archive: Path) -> Path:
@@ -88,7 +106,7 @@ def archive_artifact(directory: Path, archive: Path) -> Path:
             info.mtime = 0
             info.uid = info.gid = 0
             info.uname = info.gname = ""
-            info.mode = 0o755 if path.is_dir() or path.name == "run.py" else 0o644
+            info.mode = 0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644
             info.pax_headers = {}
             if path.is_file():
                 with path.open("rb") as stream:

@@ -14,6 +14,7 @@ from edgetune.package.artifact import (
     MANIFEST_NAME,
     REFERENCE_OUTPUT_NAME,
     SAMPLE_INPUT_NAME,
+    artifact_files,
     sha256_file,
 )
 
@@ -44,9 +45,9 @@ def checksum_problems(directory: Path, manifest: dict) -> list[str]:
             problems.append(f"{path}: missing (listed in {MANIFEST_NAME})")
         elif sha256_file(path) != expected:
             problems.append(f"{path}: sha256 differs from {MANIFEST_NAME}: the file was altered")
-    for path in sorted(directory.iterdir()):
-        if path.name != MANIFEST_NAME and path.name not in listed:
-            problems.append(f"{path}: not listed in {MANIFEST_NAME}")
+    for relative in artifact_files(directory):
+        if str(relative) not in listed:
+            problems.append(f"{directory / relative}: not listed in {MANIFEST_NAME}")
     return problems
 
 
@@ -62,19 +63,34 @@ def compare_outputs(outputs: dict[str, np.ndarray], reference: dict[str, np.ndar
     return OutputCheck(matches, worst)
 
 
+def _sample(directory: Path, manifest: dict) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    with np.load(directory / SAMPLE_INPUT_NAME) as data:
+        inputs = [data[i["name"]] for i in manifest["model"]["inputs"]]
+    with np.load(directory / REFERENCE_OUTPUT_NAME) as data:
+        reference = {name: data[name] for name in manifest["model"]["outputs"]}
+    return inputs, reference
+
+
 def check_native_outputs(directory: Path, manifest: dict) -> OutputCheck:
-    """Load the artifact's library on this machine and compare its output on the sample input."""
+    """Load the artifact's library in this process with TVM's runtime and compare on the sample input."""
     import tvm
 
     from edgetune.compile import load_library, run
 
     device = tvm.device(manifest["target"]["device"], 0)
-    vm = load_library(directory / LIBRARY_NAME, device)
-    with np.load(directory / SAMPLE_INPUT_NAME) as data:
-        inputs = [data[i["name"]] for i in manifest["model"]["inputs"]]
-    with np.load(directory / REFERENCE_OUTPUT_NAME) as data:
-        reference = {name: data[name] for name in manifest["model"]["outputs"]}
-    outputs = dict(zip(manifest["model"]["outputs"], run(vm, inputs, device)))
+    inputs, reference = _sample(directory, manifest)
+    outputs = dict(zip(manifest["model"]["outputs"], run(load_library(directory / LIBRARY_NAME, device), inputs, device)))
+    tolerance = manifest["verification"]
+    return compare_outputs(outputs, reference, tolerance["rtol"], tolerance["atol"])
+
+
+def check_program_outputs(directory: Path, manifest: dict, program: Path, lib_dir: Path) -> OutputCheck:
+    """Run the C++ deploy program on the sample input (under qemu-user for another architecture)."""
+    from edgetune.package.deploy import run_program
+
+    inputs, reference = _sample(directory, manifest)
+    shapes = {name: (value.shape, str(value.dtype)) for name, value in reference.items()}
+    outputs = run_program(program, directory / LIBRARY_NAME, inputs, shapes, manifest["target"]["arch"], lib_dir)
     tolerance = manifest["verification"]
     return compare_outputs(outputs, reference, tolerance["rtol"], tolerance["atol"])
 
@@ -100,17 +116,28 @@ def verify_artifact(path: Path) -> VerifyReport:
             roots = [p for p in Path(scratch).iterdir() if p.is_dir()]
             if len(roots) != 1:
                 raise InputError(f"{path}: expected one artifact directory inside, found {len(roots)}")
-            return verify_artifact(roots[0])
+            report = verify_artifact(roots[0])
+            # Name the archive's members, not the scratch directory they were unpacked into.
+            report.problems = [p.replace(str(roots[0]), f"{path}:{roots[0].name}") for p in report.problems]
+            return report
     if not path.is_dir():
         raise InputError(f"{path}: no such artifact directory or .tar.gz")
     manifest = read_manifest(path)
     problems = checksum_problems(path, manifest)
     if problems:
         return VerifyReport(problems, None)
+    from edgetune.package.deploy import missing_runner_hint, runner_for
     from edgetune.profiles import machine_isa
 
-    isa = manifest["target"]["isa"]
-    if isa != machine_isa() or manifest["target"]["device"] != "cpu":
-        return VerifyReport([f"{path}: a {isa}/{manifest['target']['device']} artifact cannot run on this "
-                             f"{machine_isa()} machine; checksums are fine"], None)
-    return VerifyReport([], check_native_outputs(path, manifest))
+    target = manifest["target"]
+    arch, device = target["arch"], target["device"]
+    if device == "cpu" and arch == machine_isa():
+        return VerifyReport([], check_native_outputs(path, manifest))
+    program = path / "bin" / "deploy"
+    if device != "cpu" or not program.is_file():
+        return VerifyReport([f"{path}: checksums are fine, but this {machine_isa()} machine cannot run a {arch}/{device} "
+                             "artifact" + ("" if device != "cpu" else " without its bundled runtime (package: "
+                                           "{bundle_runtime: true})")], None)
+    if runner_for(arch) is None:
+        return VerifyReport([f"{path}: checksums are fine; to run it: {missing_runner_hint(arch)}"], None)
+    return VerifyReport([], check_program_outputs(path, manifest, program, path / "runtime" / "lib"))

@@ -22,8 +22,13 @@ def build_candidate(mod, target, _params):
 
 
 def create_builder(
-    max_workers: int, timeout_sec: float = 60.0, initializer: Callable[[], None] | None = None
+    max_workers: int,
+    timeout_sec: float = 60.0,
+    initializer: Callable[[], None] | None = None,
+    f_export: Callable | None = None,
 ) -> LocalBuilder:
+    """`f_export` None keeps TVM's `.tar` export (linked where it runs); a device gets linked `.so` files."""
     return LocalBuilder(
-        max_workers=max_workers, timeout_sec=timeout_sec, f_build=build_candidate, initializer=initializer
+        max_workers=max_workers, timeout_sec=timeout_sec, f_build=build_candidate, f_export=f_export,
+        initializer=initializer,
     )

@@ -21,11 +21,17 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.measure_callback import MeasureCallback, PyMeasureCallback
 
 from edgetune.errors import EdgetuneError
+from edgetune.fleet.endpoints import RemoteDevice
+from edgetune.profiles import Hardware
 from edgetune.tuning.builder import create_builder
+from edgetune.tuning.cost_model import RankingCostModel
+from edgetune.tuning.draft_verify import DraftVerifySearch
 from edgetune.tuning.records import RecordStore
+from edgetune.tuning.remote import DeviceLost, RetryingRPCRunner, shared_object_export
 from edgetune.tuning.tasks import TuningTask
 
 _MAX_TRIALS_PER_ROUND = 32
+_FIRST_PASS_TRIALS = 8
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,10 @@ class TuningPlan:
     search: str
     seed: int
     cores: int
+    hardware: Hardware | None = None  # the device profile's numbers, for draft-verify's analyzer
+    device: str = "cpu"  # the profile's runtime device: "cpu", "cuda", "opencl"
+    isa: str = "x86_64"
+    remote: RemoteDevice | None = None  # measured on this device over RPC; None: on this machine
 
 
 @dataclass
@@ -133,10 +143,33 @@ class _ReportProgress(PyMeasureCallback):
             raise TuningInterrupted("stop requested")
 
 
-def _search_strategy(name: str):
-    if name == "evolutionary":
+def _search_strategy(plan: TuningPlan):
+    if plan.search == "evolutionary":
         return ms.search_strategy.EvolutionarySearch()
-    raise ValueError(f"unknown search strategy {name!r}")  # the recipe schema admits no other
+    if plan.search == "draft-verify":
+        if plan.hardware is None:
+            raise ValueError("draft-verify search needs the device profile's hardware numbers")
+        return DraftVerifySearch(plan.hardware, plan.device, plan.isa)
+    raise ValueError(f"unknown search strategy {plan.search!r}")  # the recipe schema admits no other
+
+
+def _cost_model(plan: TuningPlan, store: RecordStore):
+    """TVM's XGBModel for the stock search; draft-verify's ranking model, kept with the records."""
+    if plan.search == "draft-verify":
+        return RankingCostModel(num_threads=plan.cores, path=store.directory / "cost_model.npz")
+    return ms.cost_model.XGBModel(
+        extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True, num_tuning_cores=plan.cores
+    )
+
+
+def _measurers(plan: TuningPlan, stop: threading.Event):
+    """Candidates built and run here, or linked for the device and measured on it over RPC."""
+    if plan.remote is None:
+        return (create_builder(max_workers=plan.cores, initializer=_ignore_interrupts),
+                ms.runner.LocalRunner(initializer=_ignore_interrupts))
+    builder = create_builder(max_workers=plan.cores, initializer=_ignore_interrupts,
+                             f_export=shared_object_export(plan.remote.compiler))
+    return builder, RetryingRPCRunner(plan.remote, stop, initializer=_ignore_interrupts)
 
 
 def tune(
@@ -151,21 +184,19 @@ def tune(
     result = TuningResult()
     counts = store.measured_counts()
     pending = [(t, counts[_key(t)]) for t in tasks]
-    if any(plan.trials_per_task > done for _, done in pending):
-        builder = create_builder(max_workers=plan.cores, initializer=_ignore_interrupts)
-        runner = ms.runner.LocalRunner(initializer=_ignore_interrupts)
-        cost_model = ms.cost_model.XGBModel(
-            extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True, num_tuning_cores=plan.cores
-        )
     with _stop_requests() as stop:
-        for index, (task, done) in enumerate(pending, start=1):
-            outcome = TaskOutcome(task.name, task.weight, task.flops, done, 0, None)
-            result.tasks.append(outcome)
-            missing = plan.trials_per_task - done
-            over_budget = plan.time_budget_s is not None and time.monotonic() - started >= plan.time_budget_s
-            if missing > 0 and over_budget:
-                outcome.skipped_for_budget = True
-            elif missing > 0:
+        if any(plan.trials_per_task > done for _, done in pending):
+            builder, runner = _measurers(plan, stop)
+            cost_model = _cost_model(plan, store)
+        result.tasks = [TaskOutcome(t.name, t.weight, t.flops, done, 0, None) for t, done in pending]
+        for cap in _passes(plan):
+            for index, ((task, done), outcome) in enumerate(zip(pending, result.tasks), start=1):
+                missing = cap - done - outcome.trials_measured
+                if missing <= 0:
+                    continue
+                if plan.time_budget_s is not None and time.monotonic() - started >= plan.time_budget_s:
+                    outcome.skipped_for_budget = True
+                    continue
                 try:
                     _tune_one(task, index, len(tasks), missing, target, store, plan, builder, runner, cost_model,
                               outcome, progress, started, stop)
@@ -174,19 +205,30 @@ def tune(
                         raise
                 if stop.is_set():
                     measured = sum(t.trials_measured for t in result.tasks)
-                    raise TuningInterrupted(
-                        f"interrupted: the {measured} measurements of this run are kept in {store.directory}; "
-                        "run the same command again to resume"
-                    )
+                    kept = f"the {measured} measurements of this run are kept in {store.directory}"
+                    if plan.remote is not None and runner.lost:
+                        raise DeviceLost(f"{runner.lost}: tuning stopped; {kept}; run the same command again "
+                                         "to resume once a server is back")
+                    raise TuningInterrupted(f"interrupted: {kept}; run the same command again to resume")
+        for index, ((task, done), outcome) in enumerate(zip(pending, result.tasks), start=1):
             _finish_task(task, index, len(tasks), done, outcome, store, plan, progress, started)
     result.wall_s = time.monotonic() - started
     return result
 
 
+def _passes(plan: TuningPlan) -> list[int]:
+    """Trial caps per pass over the tasks. Under a time budget a first short pass gives every task
+    some tuning before the heaviest get the rest: an untuned kernel is a naive loop nest, slow enough
+    to dominate the model's latency."""
+    if plan.time_budget_s is None or plan.trials_per_task <= _FIRST_PASS_TRIALS:
+        return [plan.trials_per_task]
+    return [_FIRST_PASS_TRIALS, plan.trials_per_task]
+
+
 def _finish_task(task, index, total, done, outcome, store, plan, progress, started) -> None:
     best = store.best_seconds(task)
     outcome.best_us = best * 1e6 if best is not None else None
-    if progress and outcome.trials_measured == 0:  # otherwise each batch was reported already
+    if progress and outcome.trials_measured == 0 and plan.trials_per_task > 0 and not outcome.skipped_for_budget:
         progress(TaskProgress(index, total, task.name, done, plan.trials_per_task, outcome.best_us,
                               time.monotonic() - started))
 
@@ -224,7 +266,7 @@ def _tune_one(task, index, total, trials, target, store, plan, builder, runner, 
         mod=task.mod,
         target=target,
         space_generator="post-order-apply",
-        search_strategy=_search_strategy(plan.search),
+        search_strategy=_search_strategy(plan),
         task_name=task.name,
         rand_state=plan.seed + index,
         num_threads=plan.cores,

@@ -1,0 +1,169 @@
+"""The learned cost model (the verifier of draft-then-verify search): XGBoost that ranks.
+
+Features are TVM's per-store features (Ansor's, `PerStoreFeature`), aggregated per candidate
+(sum and max over its stores, plus the store count) so one row describes one program. Labels
+are throughput normalized per task (best latency of the task / latency; failed runs 0) and the
+objective is `rank:pairwise`, as in AutoTVM: only the order within a task matters, so tasks of
+very different sizes train one model. It is refit after every measured batch on everything the
+target has measured, and `save`/`load` keep it (model and training data) beside the target's
+record store.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import tvm_ffi
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.cost_model import PyCostModel
+from tvm.s_tir.meta_schedule.feature_extractor import FeatureExtractor, PerStoreFeature
+from tvm.s_tir.meta_schedule.runner import RunnerResult
+from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
+from tvm.s_tir.meta_schedule.tune_context import TuneContext
+
+FAILED = float("inf")
+
+_PARAMS = {
+    "objective": "rank:pairwise",
+    "max_depth": 6,
+    "eta": 0.2,
+    "min_child_weight": 1,
+    "subsample": 1.0,
+    "lambda": 1.0,
+    "verbosity": 0,
+}
+
+
+def aggregate(per_store: np.ndarray) -> np.ndarray:
+    """One row per candidate from its [stores, features] matrix: sum, max, and the store count."""
+    if per_store.shape[0] == 0:
+        return np.zeros(2 * per_store.shape[1] + 1, dtype=np.float32)
+    return np.concatenate([per_store.sum(axis=0), per_store.max(axis=0), [per_store.shape[0]]]).astype(np.float32)
+
+
+@derived_object
+class RankingCostModel(PyCostModel):
+    """XGBoost `rank:pairwise` on aggregated per-store features, trained online (see module doc).
+
+    `path`: where the model keeps itself; it is loaded from there when present and saved there
+    after every refit, so a target's model grows with its records across builds.
+    """
+
+    def __init__(self, *, num_threads: int = 1, rounds: int = 120, path: Path | None = None,
+                 extractor: FeatureExtractor | None = None):
+        super().__init__()
+        self.extractor = extractor or PerStoreFeature(extract_workload=True)
+        self.num_threads = num_threads
+        self.rounds = rounds
+        self.path = path
+        self.groups: dict[str, tuple[list[np.ndarray], list[float]]] = {}
+        self.booster = None
+        if path is not None and Path(path).exists():
+            self.load(str(path))
+
+    @property
+    def trained(self) -> bool:
+        return self.booster is not None
+
+    @property
+    def size(self) -> int:
+        return sum(len(costs) for _, costs in self.groups.values())
+
+    def features(self, context: TuneContext, candidates: list[MeasureCandidate]) -> np.ndarray:
+        """[N, F] one feature row per candidate."""
+        return np.stack([aggregate(t.numpy()) for t in self.extractor.extract_from(context, candidates)])
+
+    def update(self, context: TuneContext, candidates: list[MeasureCandidate], results: list[RunnerResult]) -> None:
+        if not candidates:
+            return
+        rows = self.features(context, candidates)
+        key = str(tvm_ffi.structural_hash(context.mod))
+        features, costs = self.groups.setdefault(key, ([], []))
+        for row, result in zip(rows, results):
+            features.append(row)
+            costs.append(_cost(result))
+        self._train()
+        if self.path is not None:
+            self.save(str(self.path))
+
+    def predict(self, context: TuneContext, candidates: list[MeasureCandidate]) -> np.ndarray:
+        """Scores, higher is faster (zeros until the first batch has trained the model)."""
+        if not candidates:
+            return np.zeros(0)
+        if self.booster is None:
+            return np.zeros(len(candidates))
+        return self.predict_rows(self.features(context, candidates))
+
+    def predict_rows(self, rows: np.ndarray) -> np.ndarray:
+        import xgboost as xgb
+
+        return self.booster.predict(xgb.DMatrix(rows)).astype("float64")
+
+    def _train(self) -> None:
+        import xgboost as xgb
+
+        rows, labels, sizes = [], [], []
+        for features, costs in self.groups.values():
+            cost = np.asarray(costs, dtype=float)
+            finite = np.isfinite(cost)
+            if not finite.any():
+                continue
+            best = cost[finite].min()
+            labels.append(np.where(finite, best / np.where(finite, cost, 1.0), 0.0))
+            rows.append(np.stack(features))
+            sizes.append(len(costs))
+        if not rows or sum(sizes) < 2:
+            return
+        data = xgb.DMatrix(np.concatenate(rows), label=np.concatenate(labels))
+        data.set_group(sizes)
+        params = dict(_PARAMS, nthread=self.num_threads, seed=0)
+        self.booster = xgb.train(params, data, num_boost_round=self.rounds)
+
+    def save(self, path: str) -> None:
+        """Model and training data in one .npz (training data, so later refits keep it)."""
+        buffer = io.BytesIO()
+        keys = list(self.groups)
+        arrays = {
+            "meta": np.frombuffer(json.dumps({"keys": keys, "rounds": self.rounds}).encode(), dtype=np.uint8),
+            "model": np.frombuffer(bytes(self.booster.save_raw("ubj")), dtype=np.uint8)
+            if self.booster is not None else np.zeros(0, dtype=np.uint8),
+        }
+        for i, key in enumerate(keys):
+            features, costs = self.groups[key]
+            arrays[f"x{i}"] = np.stack(features)
+            arrays[f"y{i}"] = np.asarray(costs, dtype=float)
+        np.savez(buffer, **arrays)
+        target = Path(path)
+        partial = target.with_name(target.name + ".partial")
+        partial.write_bytes(buffer.getvalue())
+        partial.replace(target)
+
+    def load(self, path: str) -> None:
+        import xgboost as xgb
+
+        with np.load(path) as data:
+            meta = json.loads(bytes(data["meta"]).decode())
+            self.rounds = int(meta["rounds"])
+            self.groups = {
+                key: (list(data[f"x{i}"]), [float(c) for c in data[f"y{i}"]]) for i, key in enumerate(meta["keys"])
+            }
+            model = bytes(data["model"])
+        if model:
+            self.booster = xgb.Booster(params={"nthread": self.num_threads})
+            self.booster.load_model(bytearray(model))
+        else:
+            self.booster = None
+
+
+_FAILED_RUN_SECONDS = 1e9
+"""MetaSchedule records a run that failed as 1e10 seconds."""
+
+
+def _cost(result: RunnerResult) -> float:
+    if result.error_msg is not None or not result.run_secs:
+        return FAILED
+    mean = float(np.mean([float(s) for s in result.run_secs]))
+    return mean if mean < _FAILED_RUN_SECONDS else FAILED

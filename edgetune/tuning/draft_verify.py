@@ -1,0 +1,415 @@
+"""Draft-then-verify search (Pruner, ASPLOS 2025) as a MetaSchedule search strategy.
+
+Each round:
+1. draft: a genetic search over each design space's *decision vectors*, scored by the
+   symbol-based analyzer only (numpy, thousands of candidates in milliseconds): random samples,
+   the best measured records of the task, the previous round's drafts, and their mutations and
+   crossovers, for `generations` generations; the best `drafts` unmeasured ones are kept,
+   taken from the design spaces in turn;
+2. verify: the best `verify` drafts are materialized (TVM replays the trace and runs the space
+   generator's postprocessors) and scored by the learned cost model, whose rank is blended with
+   the analyzer's: it counts from LEARNED_FROM measurements of the task on and as much as the
+   analyzer from LEARNED_FULL on (few measurements train a ranker worse than the analyzer);
+3. select: the batch is picked greedily by that score with a bonus for decision values not
+   measured yet and for design spaces measured less than the others (no duplicates), and an
+   epsilon share of it at random from the verified drafts;
+4. measure (TVM's builder and runner), and the learned model refits (MetaSchedule's
+   UpdateCostModel callback).
+
+The first batches are smaller (FIRST_BATCHES) so the analyzer's best arrive early. Design spaces the
+analyzer cannot read structurally are drafted with TVM's own sampling and mutators and scored
+by the analyzer's TIR walk on the materialized candidates (slower, same selection).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm_ffi
+from tvm.ir.utils import derived_object
+from tvm.s_tir import Schedule
+from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate, PySearchStrategy
+from tvm.s_tir.schedule import Trace
+
+from edgetune.profiles import Hardware
+from edgetune.tuning.analyzer import SpaceModel, UnsupportedSpace, make_analyzer, nests_from_func
+from edgetune.tuning.analyzer.space import TVM_ERRORS
+
+logger = logging.getLogger(__name__)
+
+LEARNED_FROM, LEARNED_FULL = 16, 128
+"""Measurements of the task after which the learned model's rank starts to count in the verify
+score, and after which it counts as much as the analyzer's. Measured here on two kernels: an
+XGBoost ranker trained on 8-64 measurements ranks the analyzer's best drafts worse than the
+analyzer does (Spearman 0.0-0.3 vs 0.4-0.5); with ~128 the blend beats either alone."""
+FIRST_BATCHES = (8, 16)
+"""Sizes of the first batches (capped by the scheduler's batch size): the analyzer's best few are
+measured first so that a good latency arrives early and the learned model refits sooner."""
+ANALYZER_RESOLUTION = 0.1
+"""Analyzer estimates within this relative distance count as ties (its error is larger), so
+among near-equal drafts the diversity bonus decides."""
+DIVERSITY_BONUS = 0.15
+"""Score bonus (on a 0..1 rank scale) for a candidate whose decision values are all new and whose
+design space has had less than its share of measurements (half each)."""
+VERIFY_CPU, VERIFY_GPU = 160, 64
+"""Drafts materialized and verified per round by default. TVM's GPU postprocessors (which lower
+the candidate to verify it) cost ~20x the CPU ones per candidate, hence fewer on GPUs."""
+FALLBACK_SAMPLES = 48
+"""Candidates a fallback space materializes per round (TVM sampling + mutation)."""
+
+
+@dataclass
+class _Space:
+    schedule: Schedule
+    model: SpaceModel | None  # None: analyzed by the TIR walk on materialized candidates
+    weights: np.ndarray | None = None
+    drafts: np.ndarray | None = None
+    seen: list[set[int]] = field(default_factory=list)  # per slot: decision indices measured
+    measured: int = 0  # candidates of this space measured so far
+
+
+@dataclass
+class _Draft:
+    space: int
+    key: bytes
+    latency: float  # analyzer estimate, seconds
+    row: np.ndarray | None = None
+    schedule: Schedule | None = None
+
+
+@derived_object
+class DraftVerifySearch(PySearchStrategy):
+    """MetaSchedule search strategy: analyzer-drafted, cost-model-verified (see module doc)."""
+
+    def __init__(
+        self,
+        hardware: Hardware,
+        device: str = "cpu",
+        isa: str = "x86_64",
+        *,
+        population: int = 2048,
+        generations: int = 2,
+        drafts: int = 512,
+        verify: int | None = None,
+        eps_greedy: float = 0.1,
+        measured_seeds: int = 16,
+    ):
+        self.hardware = hardware
+        self.device = device
+        self.isa = isa
+        self.population = population
+        self.generations = generations
+        self.draft_count = drafts
+        self.verify_count = verify if verify is not None else (VERIFY_CPU if device == "cpu" else VERIFY_GPU)
+        self.eps_greedy = eps_greedy
+        self.measured_seeds = measured_seeds
+        self.analyzer = make_analyzer(hardware, device, isa)
+
+    def _initialize_with_tune_context(self, context) -> None:
+        self.context = context
+        self.mod = context.mod
+        seed = int(context.rand_state) if context.rand_state is not None else 0
+        self.rng = np.random.default_rng(seed & 0x7FFFFFFF)
+        self.postprocs = list(context.space_generator.postprocs)
+        self.mutators = list(context.space_generator.mutator_probs.items())
+
+    def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None) -> None:
+        self.max_trials = int(max_trials)
+        self.per_iter = int(num_trials_per_iter)
+        self.database = database
+        self.cost_model = cost_model
+        self.trials = 0
+        self.round = 0
+        self.spaces: list[_Space] = []
+        for schedule in design_spaces:
+            try:
+                model = SpaceModel.analyze(self.mod, schedule)
+            except UnsupportedSpace as reason:
+                logger.info("design space not read structurally (%s): drafting with TVM's sampling", reason)
+                model = None
+            space = _Space(schedule, model)
+            if model is not None:
+                space.weights = model.mutation_weights()
+                space.seen = [set() for _ in model.slots]
+            self.spaces.append(space)
+        self.measured: set[bytes] = set()
+        # Two decision vectors can give the same program (e.g. a split of a unit loop): never measure twice.
+        self.measured_programs: set[int] = set()
+        self.pending: list[_Draft] = []
+        self.workload = database.commit_workload(self.mod) if database is not None else None
+        for record in self._records(None):
+            self._remember(record.trace)
+
+    def post_tuning(self) -> None:
+        self.spaces = []
+        self.pending = []
+
+    def clone(self) -> DraftVerifySearch:
+        return DraftVerifySearch(
+            self.hardware,
+            self.device,
+            self.isa,
+            population=self.population,
+            generations=self.generations,
+            drafts=self.draft_count,
+            verify=self.verify_count,
+            eps_greedy=self.eps_greedy,
+            measured_seeds=self.measured_seeds,
+        )
+
+    def generate_measure_candidates(self) -> list[MeasureCandidate] | None:
+        if self.trials >= self.max_trials:
+            return None
+        batch = min(self.per_iter, self.max_trials - self.trials)
+        if self.round < len(FIRST_BATCHES):
+            batch = min(batch, FIRST_BATCHES[self.round])
+        self.round += 1
+        picked = self._select(self._verify(self._draft()), batch)
+        if not picked:
+            return None
+        self.pending = picked
+        return [MeasureCandidate(d.schedule, ArgInfo.from_entry_func(d.schedule.mod, remove_preproc=True))
+                for d in picked]
+
+    def notify_runner_results(self, measure_candidates, results) -> None:
+        self.trials += len(results)
+        for draft in self.pending:
+            self.measured.add(draft.key)
+            self.measured_programs.add(tvm_ffi.structural_hash(draft.schedule.mod))
+            space = self.spaces[draft.space]
+            space.measured += 1
+            if draft.row is not None:
+                for s, i in enumerate(draft.row):
+                    space.seen[s].add(int(i))
+        self.pending = []
+
+    # -- draft --------------------------------------------------------------------------------
+
+    def _draft(self) -> list[_Draft]:
+        """The best unmeasured candidates by the analyzer, taken from the design spaces in turn.
+
+        Interleaving (each space's best, then each one's second best, ...) keeps every space in
+        the verified pool: the analyzer's differences between spaces are within its error.
+        """
+        per_space: list[list[_Draft]] = []
+        readable = [s for s in self.spaces if s.model is not None]
+        share = max(64, self.population // max(1, len(readable)))
+        best_rows = self._best_rows()
+        for index, space in enumerate(self.spaces):
+            if space.model is None:
+                drafts = self._fallback_drafts(index)
+            else:
+                drafts = self._evolve(index, space, share, best_rows[index])
+            per_space.append(sorted(drafts, key=lambda d: d.latency))
+        order = sorted((position, draft.latency, index) for index, drafts in enumerate(per_space)
+                       for position, draft in enumerate(drafts))
+        return [per_space[index][position] for position, _, index in order][: self.draft_count]
+
+    def _evolve(self, index: int, space: _Space, size: int, best: np.ndarray) -> list[_Draft]:
+        model = space.model
+        assert model is not None and space.weights is not None
+        parts = [model.sample(self.rng, size)]
+        if len(best):
+            parts += [best, model.mutate(self.rng, np.repeat(best, max(1, size // (4 * len(best))), axis=0),
+                                         space.weights)]
+        if space.drafts is not None and len(space.drafts):
+            parts.append(space.drafts)
+        population = np.unique(np.concatenate(parts), axis=0)
+        for _ in range(self.generations):
+            latency = self.analyzer.latency(model.nests(population))
+            elite = population[np.argsort(latency)[: max(8, size // 4)]]
+            mothers = elite[self.rng.integers(0, len(elite), size)]
+            fathers = elite[self.rng.integers(0, len(elite), size // 2)]
+            children = model.mutate(self.rng, mothers, space.weights)
+            crossed = model.crossover(self.rng, fathers, elite[self.rng.integers(0, len(elite), len(fathers))])
+            population = np.unique(np.concatenate([elite, children, crossed]), axis=0)
+        latency = self.analyzer.latency(model.nests(population))
+        order = np.argsort(latency)
+        kept: list[_Draft] = []
+        for i in order:
+            if not np.isfinite(latency[i]):
+                break
+            key = _key(index, population[i])
+            if key in self.measured:
+                continue
+            kept.append(_Draft(index, key, float(latency[i]), row=population[i]))
+            if len(kept) >= self.draft_count:
+                break
+        space.drafts = np.array([d.row for d in kept]) if kept else None
+        return kept
+
+    def _fallback_drafts(self, index: int) -> list[_Draft]:
+        """TVM's sampling and mutators, scored by the analyzer's walk over the materialized TIR."""
+        space = self.spaces[index]
+        traces = [Trace(space.schedule.trace.insts, {}) for _ in range(FALLBACK_SAMPLES // 2)]
+        records = self._records(self.measured_seeds)
+        mutators = [m for m, _ in self.mutators]
+        probs = np.array([float(p) for _, p in self.mutators])
+        for k in range(FALLBACK_SAMPLES - len(traces)):
+            if not records or not mutators:
+                break
+            base = records[k % len(records)].trace
+            mutated = mutators[self.rng.choice(len(mutators), p=probs / probs.sum())].apply(base)
+            if mutated is not None:
+                traces.append(mutated)
+        drafts = []
+        for trace in traces:
+            schedule = self._replay(trace)
+            if schedule is None:
+                continue
+            key = _key(index, None, schedule)
+            if key in self.measured:
+                continue
+            latency = float(self.analyzer.latency(nests_from_func(_only_func(schedule)))[0])
+            drafts.append(_Draft(index, key, latency, schedule=schedule))
+        return drafts
+
+    # -- verify and select --------------------------------------------------------------------
+
+    def _verify(self, drafts: list[_Draft]) -> list[tuple[_Draft, float]]:
+        """Materialize the best drafts and score them: learned model if trained, else analyzer."""
+        ready: list[_Draft] = []
+        programs: set[int] = set()
+        for draft in drafts:
+            if len(ready) >= self.verify_count:
+                break
+            if draft.schedule is None:
+                model = self.spaces[draft.space].model
+                assert model is not None and draft.row is not None
+                draft.schedule = model.materialize(self.mod, draft.row, self.postprocs,
+                                                   int(self.rng.integers(1, 1 << 30)))
+            if draft.schedule is None:
+                continue
+            program = tvm_ffi.structural_hash(draft.schedule.mod)
+            if program not in programs and program not in self.measured_programs:
+                programs.add(program)
+                ready.append(draft)
+        if not ready:
+            return []
+        drafted = _rank(-np.floor(np.log(np.array([d.latency for d in ready])) / np.log1p(ANALYZER_RESOLUTION)))
+        learned = np.zeros(len(ready))
+        if self.cost_model is not None:
+            candidates = [MeasureCandidate(d.schedule, ArgInfo.from_entry_func(d.schedule.mod, remove_preproc=True))
+                          for d in ready]
+            learned = np.asarray(self.cost_model.predict(self.context, candidates), dtype=float)
+        weight = float(np.clip((len(self.measured) - LEARNED_FROM) / (LEARNED_FULL - LEARNED_FROM), 0.0, 1.0))
+        if np.ptp(learned) == 0:  # an untrained model scores everything alike
+            weight = 0.0
+        scores = drafted + weight * _rank(learned)
+        return list(zip(ready, scores))
+
+    def _select(self, scored: list[tuple[_Draft, float]], batch: int) -> list[_Draft]:
+        """Greedy by score plus novelty of decision values; an epsilon share picked at random."""
+        if not scored:
+            return []
+        drafts = [d for d, _ in scored]
+        rank = _rank(np.array([s for _, s in scored]))
+        explore = round(self.eps_greedy * batch)
+        greedy = min(len(drafts), batch - explore)
+        seen = [[set(s) for s in space.seen] for space in self.spaces]
+        per_space = np.array([float(space.measured) for space in self.spaces])
+        chosen: list[int] = []
+        taken: set[bytes] = set()
+        for _ in range(greedy):
+            share = per_space * len(self.spaces) / max(1.0, per_space.sum())
+            best, best_value = -1, -np.inf
+            for i, draft in enumerate(drafts):
+                if draft.key in taken:
+                    continue
+                novelty = 0.5 * _novelty(draft, seen[draft.space]) + 0.5 * max(0.0, 1.0 - share[draft.space])
+                value = rank[i] + DIVERSITY_BONUS * novelty
+                if value > best_value:
+                    best, best_value = i, value
+            if best < 0:
+                break
+            chosen.append(best)
+            taken.add(drafts[best].key)
+            per_space[drafts[best].space] += 1
+            if drafts[best].row is not None:
+                for s, v in enumerate(drafts[best].row):
+                    seen[drafts[best].space][s].add(int(v))
+        rest = [i for i, d in enumerate(drafts) if d.key not in taken]
+        for i in self.rng.permutation(rest)[: batch - len(chosen)]:
+            chosen.append(int(i))
+            taken.add(drafts[int(i)].key)
+        return [drafts[i] for i in chosen]
+
+    # -- records ------------------------------------------------------------------------------
+
+    def _records(self, limit: int | None) -> list:
+        """The task's measured records, best first (all of them when `limit` is None)."""
+        if self.database is None or self.workload is None:
+            return []
+        if limit is None:
+            return [r for r in self.database.get_all_tuning_records()
+                    if tvm_ffi.structural_equal(r.workload.mod, self.mod)]
+        return list(self.database.get_top_k(self.workload, limit))
+
+    def _remember(self, trace: Trace) -> None:
+        """Mark a measured trace so it is not drafted again."""
+        for index, space in enumerate(self.spaces):
+            if space.model is not None:
+                row = space.model.encode(trace)
+                if row is not None:
+                    self.measured.add(_key(index, row))
+                    space.measured += 1
+                    for s, i in enumerate(row):
+                        space.seen[s].add(int(i))
+                    return
+        schedule = self._replay(trace)
+        if schedule is not None:
+            for index, space in enumerate(self.spaces):
+                if space.model is None:
+                    self.measured.add(_key(index, None, schedule))
+
+    def _best_rows(self) -> list[np.ndarray]:
+        """Per readable space: decision vectors of the task's best measured records."""
+        rows: list[list[np.ndarray]] = [[] for _ in self.spaces]
+        for record in self._records(self.measured_seeds):
+            for index, space in enumerate(self.spaces):
+                if space.model is not None:
+                    row = space.model.encode(record.trace)
+                    if row is not None:
+                        rows[index].append(row)
+                        break
+        return [np.array(r, dtype=np.int64) if r else np.zeros((0, 0), dtype=np.int64) for r in rows]
+
+    def _replay(self, trace: Trace) -> Schedule | None:
+        schedule = Schedule(self.mod, seed=int(self.rng.integers(1, 1 << 30)), debug_mask=0)
+        try:
+            trace.apply_to_schedule(schedule, remove_postproc=True)
+            for postproc in self.postprocs:
+                if not postproc.apply(schedule):
+                    return None
+        except TVM_ERRORS:
+            return None
+        return schedule
+
+
+def _key(space: int, row: np.ndarray | None, schedule: Schedule | None = None) -> bytes:
+    if row is not None:
+        return bytes([space]) + np.asarray(row, dtype=np.int64).tobytes()
+    assert schedule is not None
+    return bytes([space]) + b"h" + str(tvm_ffi.structural_hash(schedule.mod)).encode()
+
+
+def _rank(scores: np.ndarray) -> np.ndarray:
+    """Scores as ranks in [0, 1] (1: best; ties share their mean rank), so scorers add up."""
+    if len(scores) < 2:
+        return np.ones(len(scores))
+    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return (starts + (counts - 1) / 2.0)[inverse] / (len(scores) - 1)
+
+
+def _novelty(draft: _Draft, seen: list[set[int]]) -> float:
+    if draft.row is None or not seen:
+        return 0.0
+    return float(np.mean([int(v) not in s for v, s in zip(draft.row, seen)]))
+
+
+def _only_func(schedule: Schedule):
+    return next(iter(schedule.mod.functions.values()))

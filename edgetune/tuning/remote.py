@@ -1,0 +1,162 @@
+"""Measuring candidates on a device over TVM RPC, in a way that survives the device.
+
+Candidates are linked here into shared objects with the target's (cross) compiler, so a board
+needs no compiler of its own (TVM's default `.tar` export makes the RPC server link it). Each
+batch goes to MetaSchedule's RPCRunner, one connection per server the tracker lists under the
+key. Whatever lost contact with its server (a timeout, a refused or broken connection) is sent
+once more, to whichever server the tracker hands out next; what fails again is recorded as a
+failure, never as a fast result. When the key has no server left, the runner stops the tuning
+loop and names the key: a batch that finds no server at all is not recorded (resuming measures it),
+one that loses the last server midway is committed first (what was measured, and the rest as
+failures).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+import threading
+from collections.abc import Callable
+
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.runner import (
+    EvaluatorConfig,
+    PyRunner,
+    PyRunnerFuture,
+    RPCConfig,
+    RPCRunner,
+    RunnerFuture,
+    RunnerInput,
+    RunnerResult,
+)
+from tvm.s_tir.meta_schedule.utils import remove_build_dir
+from tvm.support.popen_pool import PopenPoolExecutor
+
+from edgetune.errors import BuildError
+from edgetune.fleet import tracker
+from edgetune.fleet.endpoints import RemoteDevice
+
+_CONNECT_GRACE_S = 10.0
+"""Beyond the session timeout: time to get a server from the tracker and connect to it."""
+
+_CONNECT_FAILED = (
+    "RPCRunner: Timeout",  # no answer within the session timeout and a grace: a hung or unreachable server
+    "Cannot request",
+    "Unable to connect to the tracker",
+    "Connection refused",
+)
+"""Errors that say no session with a server could be had."""
+
+_SESSION_BROKEN = (
+    "code=kShutdown",  # the server's end of the session closed: killed, or crashed by the candidate
+    "RPCCode::kReturn) is false: code=1",
+    "Connection reset",
+    "Broken pipe",
+    "RPCSessionTimeoutError",
+)
+"""Errors that say a session ended before the measurement did."""
+
+
+class DeviceLost(BuildError):
+    """No server left under the target's key: tuning stopped, every committed record kept."""
+
+
+def export_shared_object(compiler: str, module) -> str:
+    """Link a built candidate into a shared object for the device (runs in a builder worker)."""
+    from tvm.support import cc
+
+    path = os.path.join(tempfile.mkdtemp(prefix="edgetune-candidate-"), "candidate.so")
+    module.export_library(path, fcompile=cc.cross_compiler(compiler))
+    return path
+
+
+def shared_object_export(compiler: str) -> Callable:
+    """LocalBuilder's `f_export` for a device: picklable, so it reaches the builder's workers."""
+    return functools.partial(export_shared_object, compiler)
+
+
+def connect_failed(result: RunnerResult) -> bool:
+    """True when the measurement got no session with a server."""
+    return result.error_msg is not None and any(sign in result.error_msg for sign in _CONNECT_FAILED)
+
+
+def lost_contact(result: RunnerResult) -> bool:
+    """True when a measurement failed with its server rather than with its code: worth a try elsewhere."""
+    return connect_failed(result) or (
+        result.error_msg is not None and any(sign in result.error_msg for sign in _SESSION_BROKEN)
+    )
+
+
+@derived_object
+class _Measured(PyRunnerFuture):
+    """A measurement that is already finished (the retrying runner waits for its batch)."""
+
+    def __init__(self, result: RunnerResult) -> None:
+        super().__init__()
+        self.measured = result
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> RunnerResult:
+        return self.measured
+
+
+@derived_object
+class RetryingRPCRunner(PyRunner):
+    """RPCRunner on the device's key that re-sends, once, what lost contact with its server.
+
+    A candidate that crashes its session is retried too (the runner cannot tell it from a server
+    that died), and then recorded as the failure it is.
+
+    `stop` is the tuning loop's stop request: set when the key has no server left, with `lost`
+    saying so.
+    """
+
+    def __init__(self, remote: RemoteDevice, stop: threading.Event,
+                 initializer: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self.remote = remote
+        self.stop = stop
+        self.lost: str | None = None
+        servers = tracker.require_servers(remote.tracker, remote.key)
+        config = RPCConfig(remote.tracker_host, remote.tracker_port, remote.key,
+                           session_timeout_sec=remote.timeout_s)
+        self.inner = RPCRunner(config, EvaluatorConfig(), max_workers=servers, initializer=initializer)
+        # RPCRunner's pool waits forever on a server that hangs; this one gives up after the session.
+        self.inner.pool.shutdown()
+        self.inner.pool = PopenPoolExecutor(max_workers=servers, timeout=remote.timeout_s + _CONNECT_GRACE_S,
+                                            initializer=initializer)
+
+    def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
+        if self._servers_left() == 0:  # requests for a key without servers would wait out the timeout
+            self._lose("the tracker lists none")
+            for runner_input in runner_inputs:
+                remove_build_dir(runner_input.artifact_path)
+            raise DeviceLost(self.lost)
+        results = self._measure(runner_inputs)
+        again = [i for i, r in enumerate(results) if lost_contact(r)]
+        if again:
+            if self._servers_left() == 0:
+                self._lose("the tracker lists none")
+            else:
+                retried = self._measure([runner_inputs[i] for i in again])
+                for i, result in zip(again, retried):
+                    results[i] = result
+                if all(connect_failed(r) for r in retried):
+                    self._lose("every retry failed to connect")
+        return [_Measured(r) for r in results]
+
+    def _measure(self, runner_inputs: list[RunnerInput]) -> list[RunnerResult]:
+        return [future.result() for future in self.inner.run(runner_inputs)]
+
+    def _servers_left(self) -> int:
+        try:
+            return tracker.query(self.remote.tracker).key(self.remote.key).total
+        except BuildError:
+            return 0
+
+    def _lose(self, why: str) -> None:
+        self.lost = f"no RPC server left under key '{self.remote.key}' at the tracker {self.remote.tracker} ({why})"
+        self.stop.set()

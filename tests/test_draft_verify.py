@@ -1,0 +1,127 @@
+"""Draft-then-verify search and its learned cost model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import te
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+from tvm.s_tir.meta_schedule.runner import RunnerResult
+from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
+
+from edgetune.profiles import load_profile
+from edgetune.tuning.analyzer import SpaceModel
+from edgetune.tuning.cost_model import RankingCostModel
+from edgetune.tuning.draft_verify import DraftVerifySearch
+from edgetune.tuning.records import RecordStore
+from edgetune.tuning.tasks import TuningTask
+from edgetune.tuning.tune import TuningPlan, tune
+
+
+def matmul(n: int) -> tvm.IRModule:
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+
+
+def host_context(mod: tvm.IRModule, strategy="evolutionary") -> ms.TuneContext:
+    return ms.TuneContext(mod=mod, target=load_profile("host").tvm_target(), space_generator="post-order-apply",
+                          search_strategy=strategy, task_name="matmul", rand_state=3, num_threads=2)
+
+
+def candidates_of(mod: tvm.IRModule, ctx: ms.TuneContext, count: int) -> list[MeasureCandidate]:
+    space = ctx.space_generator.generate_design_space(mod)[0]
+    model = SpaceModel.analyze(mod, space)
+    rows = model.sample(np.random.default_rng(1), count)
+    schedules = [model.materialize(mod, row, ctx.space_generator.postprocs, seed=i) for i, row in enumerate(rows)]
+    return [MeasureCandidate(s, ArgInfo.from_entry_func(s.mod, remove_preproc=True)) for s in schedules if s]
+
+
+def test_cost_model_save_load_round_trip_predicts_identically(tmp_path):
+    mod = matmul(128)
+    ctx = host_context(mod)
+    candidates = candidates_of(mod, ctx, 24)
+    model = RankingCostModel(num_threads=2)
+    costs = np.random.default_rng(0).uniform(1e-4, 1e-3, len(candidates))
+    model.update(ctx, candidates[:16], [RunnerResult([float(c)], None) for c in costs[:16]])
+    assert model.trained
+    path = tmp_path / "model.npz"
+    model.save(str(path))
+    restored = RankingCostModel(num_threads=2)
+    restored.load(str(path))
+    assert restored.size == model.size == 16
+    np.testing.assert_array_equal(restored.predict(ctx, candidates), model.predict(ctx, candidates))
+    assert np.ptp(model.predict(ctx, candidates)) > 0
+
+
+def test_cost_model_keeps_itself_beside_the_records(tmp_path):
+    mod = matmul(128)
+    ctx = host_context(mod)
+    candidates = candidates_of(mod, ctx, 12)
+    path = tmp_path / "cost_model.npz"
+    first = RankingCostModel(num_threads=2, path=path)
+    first.update(ctx, candidates, [RunnerResult([1e-3 * (i + 1)], None) for i in range(len(candidates))])
+    again = RankingCostModel(num_threads=2, path=path)  # a later build of the same target
+    np.testing.assert_array_equal(again.predict(ctx, candidates), first.predict(ctx, candidates))
+
+
+def test_failed_runs_rank_last():
+    mod = matmul(128)
+    ctx = host_context(mod)
+    candidates = candidates_of(mod, ctx, 16)
+    model = RankingCostModel(num_threads=2)
+    results = [RunnerResult(None, "crashed") if i % 2 else RunnerResult([1e-3], None) for i in range(len(candidates))]
+    model.update(ctx, candidates, results)
+    scores = model.predict(ctx, candidates)
+    assert scores[::2].mean() > scores[1::2].mean()
+
+
+def test_clone_is_a_new_strategy_with_the_same_settings():
+    strategy = DraftVerifySearch(load_profile("host").hardware, "cpu", population=512, verify=64)
+    assert not strategy.clone().same_as(strategy)  # what MetaSchedule calls, through TVM's FFI
+    twin = strategy._inst.clone()
+    assert twin is not strategy
+    assert (twin.population, twin.verify_count, twin.eps_greedy) == (512, 64, 0.1)
+
+
+def test_rounds_draft_new_unique_candidates():
+    """Each round proposes distinct schedules, never one measured before; early batches are small."""
+    mod = matmul(256)
+    strategy = DraftVerifySearch(load_profile("host").hardware, "cpu", population=512, verify=48)
+    ctx = host_context(mod, strategy)
+    spaces = ctx.space_generator.generate_design_space(mod)
+    strategy.pre_tuning(64, 16, spaces, ms.database.MemoryDatabase(), RankingCostModel(num_threads=2))
+    seen: set[int] = set()
+    sizes = []
+    for _ in range(3):
+        batch = strategy.generate_measure_candidates()
+        sizes.append(len(batch))
+        hashes = {tvm_ffi.structural_hash(c.sch.mod) for c in batch}
+        assert len(hashes) == len(batch) and not hashes & seen
+        seen |= hashes
+        strategy.notify_runner_results(batch, [RunnerResult([1e-3], None) for _ in batch])
+    assert sizes == [8, 16, 16]
+
+
+@pytest.mark.slow
+def test_short_tuning_run_improves_on_its_first_batch(tmp_path):
+    """tune() with draft-verify on a real 256^3 matmul: later batches beat the first one's best."""
+    profile = load_profile("host")
+    mod = matmul(256)
+    task = TuningTask("matmul256", mod, weight=1, flops=2 * 256**3)
+    store = RecordStore(tmp_path / "records")
+    plan = TuningPlan(trials_per_task=32, time_budget_s=None, search="draft-verify", seed=0,
+                      cores=profile.hardware.cores or 1, hardware=profile.hardware, device="cpu",
+                      isa=profile.isa)
+    result = tune([task], profile.tvm_target(), store, plan)
+    assert result.trials_measured == 32
+    log = store.read_log()
+    batches = [entry["batch_best_us"] for entry in log if entry["batch_best_us"] is not None]
+    assert len(batches) >= 3
+    assert min(batches[1:]) < batches[0]
+    assert (store.directory / "cost_model.npz").exists()
