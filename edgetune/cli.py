@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from edgetune.errors import EdgetuneError
+from edgetune.errors import EdgetuneError, InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Tune a model for a fleet of edge devices with Apache TVM.")
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -161,12 +161,27 @@ def targets() -> None:
 
 
 @app.command()
-def verify(artifact: Annotated[Path, typer.Argument(help="An artifact directory or its .tar.gz.")]) -> None:
-    """Check every checksum of ARTIFACT, then run it here and compare with the reference output."""
+def verify(
+    artifact: Annotated[Path, typer.Argument(help="An artifact directory or its .tar.gz.")],
+    rpc_tracker: Annotated[Optional[str], typer.Option(
+        "--rpc-tracker", metavar="HOST:PORT", help="Run it on a device behind this RPC tracker (with --rpc-key).")] = None,
+    rpc_key: Annotated[Optional[str], typer.Option("--rpc-key", metavar="KEY", help="The device's key.")] = None,
+) -> None:
+    """Check every checksum of ARTIFACT, then run it (here, or on a device over RPC) and compare with the
+    reference output."""
+    from edgetune.fleet.endpoints import RemoteDevice
     from edgetune.package.verify import verify_artifact
 
     try:
-        outcome = verify_artifact(artifact)
+        remote = None
+        if (rpc_tracker is None) != (rpc_key is None):
+            raise InputError("--rpc-tracker and --rpc-key go together")
+        if rpc_tracker is not None:
+            host, _, port = rpc_tracker.rpartition(":")
+            if not host or not port.isdigit():
+                raise InputError(f"--rpc-tracker {rpc_tracker}: expected HOST:PORT")
+            remote = RemoteDevice(host, int(port), rpc_key, timeout_s=120.0, compiler="")
+        outcome = verify_artifact(artifact, remote)
     except EdgetuneError as exc:
         _fail(exc)
     for line in outcome.problems:

@@ -466,3 +466,21 @@ while True:
     threading.Thread(target=copy, args=(outer, inner), daemon=True).start()
     threading.Thread(target=copy, args=(inner, outer), daemon=True).start()
 """
+
+
+@pytest.mark.slow
+def test_verify_runs_an_artifact_on_a_device_over_rpc(tracker_with_two_servers, tmp_path: Path) -> None:
+    address, _ = tracker_with_two_servers
+    (tmp_path / "r.yaml").write_text("name: r\nmodel: {zoo: tiny_cnn}\nfleet: [{name: host, profile: host}]\n"
+                                     "tuning: {trials_per_task: 0}\noutput: out\n")
+    built = subprocess.run([sys.executable, "-m", "edgetune", "build", "r.yaml"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    archive = str(tmp_path / "out" / "r" / "host.tar.gz")
+    verify = subprocess.run([sys.executable, "-m", "edgetune", "verify", archive, "--rpc-tracker", address,
+                             "--rpc-key", KEY], capture_output=True, text=True, timeout=300)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "OK" in verify.stdout
+    half = subprocess.run([sys.executable, "-m", "edgetune", "verify", archive, "--rpc-tracker", address],
+                          capture_output=True, text=True, timeout=120)
+    assert half.returncode == 2 and "--rpc-key" in half.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from edgetune.errors import InputError
+from edgetune.fleet.endpoints import RemoteDevice
 from edgetune.package.artifact import (
     LIBRARY_NAME,
     MANIFEST_NAME,
@@ -105,8 +107,9 @@ class VerifyReport:
         return not self.problems and self.output is not None and self.output.matches
 
 
-def verify_artifact(path: Path) -> VerifyReport:
-    """Checksums first (a tampered file is named), then the output, if this machine can run it."""
+def verify_artifact(path: Path, remote: RemoteDevice | None = None) -> VerifyReport:
+    """Checksums first (a tampered file is named), then the output: on `remote` (a device behind an
+    RPC tracker) when given, else here if this machine can run it."""
     if path.is_file() and path.name.endswith(".tar.gz"):
         import tarfile
         import tempfile
@@ -116,7 +119,7 @@ def verify_artifact(path: Path) -> VerifyReport:
             roots = [p for p in Path(scratch).iterdir() if p.is_dir()]
             if len(roots) != 1:
                 raise InputError(f"{path}: expected one artifact directory inside, found {len(roots)}")
-            report = verify_artifact(roots[0])
+            report = verify_artifact(roots[0], remote)
             # Name the archive's members, not the scratch directory they were unpacked into.
             report.problems = [p.replace(str(roots[0]), f"{path}:{roots[0].name}") for p in report.problems]
             return report
@@ -126,6 +129,11 @@ def verify_artifact(path: Path) -> VerifyReport:
     problems = checksum_problems(path, manifest)
     if problems:
         return VerifyReport(problems, None)
+    if remote is not None:
+        from edgetune.fleet.session import check_remote_outputs
+
+        on_device = dataclasses.replace(remote, device=manifest["target"]["device"])
+        return VerifyReport([], check_remote_outputs(path, manifest, on_device))
     from edgetune.package.deploy import missing_runner_hint, runner_for
     from edgetune.profiles import machine_isa
 
