@@ -17,8 +17,7 @@ from edgetune.tuning.analyzer import SpaceModel
 from edgetune.tuning.cost_model import RankingCostModel
 from edgetune.tuning.draft_verify import DraftVerifySearch
 from edgetune.tuning.records import RecordStore
-from edgetune.tuning.tasks import TuningTask
-from edgetune.tuning.tune import TuningPlan, tune
+from edgetune.tuning.tune import TuningPlan
 
 
 def matmul(n: int) -> tvm.IRModule:
@@ -108,20 +107,54 @@ def test_rounds_draft_new_unique_candidates():
     assert sizes == [8, 16, 16]
 
 
+def test_tune_wires_draft_verify_with_a_model_kept_beside_the_records(tmp_path):
+    """tune.py picks the strategy and the learned model from the plan; stock search stays stock."""
+    from edgetune.tuning.tune import _cost_model, _search_strategy
+
+    profile = load_profile("host")
+    store = RecordStore(tmp_path / "records")
+    plan = TuningPlan(trials_per_task=8, time_budget_s=None, search="draft-verify", seed=0, cores=2,
+                      hardware=profile.hardware, device=profile.device, isa=profile.isa)
+    assert isinstance(_search_strategy(plan), DraftVerifySearch)
+    model = _cost_model(plan, store)
+    assert isinstance(model, RankingCostModel) and model.path == store.directory / "cost_model.npz"
+    stock = TuningPlan(trials_per_task=8, time_budget_s=None, search="evolutionary", seed=0, cores=2)
+    assert isinstance(_search_strategy(stock), ms.search_strategy.EvolutionarySearch)
+    assert isinstance(_cost_model(stock, store), ms.cost_model.XGBModel)
+
+
 @pytest.mark.slow
 def test_short_tuning_run_improves_on_its_first_batch(tmp_path):
-    """tune() with draft-verify on a real 256^3 matmul: later batches beat the first one's best."""
+    """24 real measurements of a 384^3 matmul in batches of 4: the best beats the first batch's."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.measure_callback import MeasureCallback, PyMeasureCallback
+
+    from edgetune.tuning.builder import create_builder
+
     profile = load_profile("host")
-    mod = matmul(256)
-    task = TuningTask("matmul256", mod, weight=1, flops=2 * 256**3)
-    store = RecordStore(tmp_path / "records")
-    plan = TuningPlan(trials_per_task=32, time_budget_s=None, search="draft-verify", seed=0,
-                      cores=profile.hardware.cores or 1, hardware=profile.hardware, device="cpu",
-                      isa=profile.isa)
-    result = tune([task], profile.tvm_target(), store, plan)
-    assert result.trials_measured == 32
-    log = store.read_log()
-    batches = [entry["batch_best_us"] for entry in log if entry["batch_best_us"] is not None]
-    assert len(batches) >= 3
+    batches: list[float] = []
+
+    @derived_object
+    class BatchBest(PyMeasureCallback):
+        def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+            seconds = [np.mean([float(s) for s in r.run_secs]) for r in runner_results if r.error_msg is None]
+            batches.append(min(seconds) if seconds else np.inf)
+
+    model = RankingCostModel(num_threads=2, path=tmp_path / "cost_model.npz")
+    strategy = DraftVerifySearch(profile.hardware, profile.device, profile.isa)
+    ms.tune_tasks(
+        tasks=[host_context(matmul(384), strategy)],
+        task_weights=[1.0],
+        work_dir=str(tmp_path),
+        max_trials_global=24,
+        num_trials_per_iter=4,
+        builder=create_builder(max_workers=2),
+        runner=ms.runner.LocalRunner(),
+        database=ms.database.MemoryDatabase(),
+        cost_model=model,
+        measure_callbacks=list(MeasureCallback.create("default")) + [BatchBest()],
+        task_scheduler="round-robin",
+    )
+    assert len(batches) == 6 and np.isfinite(batches[0])
     assert min(batches[1:]) < batches[0]
-    assert (store.directory / "cost_model.npz").exists()
+    assert model.size == 24 and (tmp_path / "cost_model.npz").exists()

@@ -29,6 +29,8 @@ from edgetune.tuning.analyzer.nest import BLOCK_IDX, THREAD_IDX, VTHREAD, Nest, 
 MAX_THREADS_PER_SM = 2048
 MAX_BLOCKS_PER_SM = 32
 MAX_REGISTERS_PER_THREAD = 255
+REUSE_REGISTERS = 64
+"""Registers of a thread the reuse model counts on to hold operands across loop iterations."""
 SCHEDULERS_PER_SM = 4
 FMA_LATENCY_CYCLES = 4.0
 BASE_REGISTERS = 16
@@ -87,8 +89,8 @@ class GpuAnalyzer:
         total = np.zeros(n)
         for nest in nests:
             total += np.where(nest.active, self._statement(nest, kernel), 0.0)
-        launches = sum(1 for nest in nests if not (nest.thread != 0).any() or (nest.thread == BLOCK_IDX).any())
-        total += KERNEL_LAUNCH_S * max(1, launches)
+        kernels = sum(1 for nest in nests if nest.own_start == 0)  # attached statements share their anchor's
+        total += KERNEL_LAUNCH_S * max(1, kernels)
         return np.where(kernel.valid, total, np.inf)
 
     def _statement(self, nest: Nest, kernel: _Kernel) -> np.ndarray:
@@ -99,9 +101,7 @@ class GpuAnalyzer:
         blocks = _extent(nest, BLOCK_IDX) if bound else np.maximum(1.0, iterations / DEFAULT_THREADS)
         threads = _extent(nest, THREAD_IDX) if bound else np.minimum(iterations, DEFAULT_THREADS)
         threads = np.where(nest.coop_lanes > 0, nest.team, threads)
-        waves = np.ceil(blocks / (m.sm_count * kernel.blocks_per_sm))
-        sm_fill = np.minimum(1.0, blocks / np.maximum(1.0, np.minimum(blocks, m.sm_count)))
-        sm_fill = sm_fill * np.minimum(1.0, blocks / (waves * m.sm_count))
+        sm_fill = blocks / (np.ceil(blocks / m.sm_count) * m.sm_count)  # wave quantization over the SMs
         warp_fill = threads / (np.ceil(threads / m.warp) * m.warp)
         ilp = _chains(nest) * _extent(nest, VTHREAD)
         warps_per_scheduler = kernel.warps_per_sm / SCHEDULERS_PER_SM
@@ -112,7 +112,7 @@ class GpuAnalyzer:
         is_global = np.array([a.scope == "global" for a in nest.accesses])
         is_shared = np.array([a.scope.startswith("shared") for a in nest.accesses])
         per_thread = _inner_start(nest)
-        capacity = np.full(nest.size, 4.0 * max(8, MAX_REGISTERS_PER_THREAD // 4))
+        capacity = np.full(nest.size, 4.0 * REUSE_REGISTERS)
         moved = traffic(geo, access_bytes, capacity, start=per_thread)  # [N, A] elements
         coalesced = _coalescing(nest)
         global_bytes = (moved * access_bytes / coalesced * is_global).sum(axis=1)
