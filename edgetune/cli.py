@@ -20,6 +20,9 @@ out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False)
 
 RecipeArg = Annotated[Path, typer.Argument(help="The recipe YAML file.", show_default=False)]
+RecordsDirOption = Annotated[Optional[Path], typer.Option(
+    "--records-dir", metavar="DIR",
+    help="Where the devices' tuning records persist across builds (replaces the recipe's records_dir).")]
 
 
 def _fail(exc: EdgetuneError) -> None:
@@ -39,6 +42,7 @@ def build(
     )] = None,
     rpc_key: Annotated[Optional[str], typer.Option(
         "--rpc-key", metavar="KEY", help="The key its device's server registered under at --rpc-tracker.")] = None,
+    records_dir: RecordsDirOption = None,
 ) -> None:
     """Tune, compile, package and verify every target of RECIPE."""
     from edgetune.fleet.endpoints import override_connection
@@ -48,7 +52,7 @@ def build(
     try:
         loaded = override_connection(load_recipe(recipe), target, rpc_tracker, rpc_key)
         with _ProgressView(out) as progress:
-            result = run_build(loaded, target, progress)
+            result = run_build(loaded, target, progress, records_dir)
     except EdgetuneError as exc:
         _fail(exc)
     except KeyboardInterrupt:
@@ -128,6 +132,12 @@ def _print_summary(result) -> None:
     for name, t in result.targets.items():
         line = f"{name}: failed: {t.error}" if t.error else f"{name}: {t.artifact}" + (" (reused)" if t.reused else "")
         out.print(line, markup=False, soft_wrap=True)
+        if t.transfer and t.transfer["used"]:
+            transfer = t.transfer
+            out.print(f"{name}: transfer from {', '.join(transfer['sources'])}: {transfer['seeds_measured']} sibling "
+                      f"schedules re-measured, still the best for {len(transfer['tasks_best_from_sibling'])} of "
+                      f"{len(t.tasks)} tasks" + (f"; guard fell back for {', '.join(transfer['guard_fell_back'])}"
+                                                 if transfer["guard_fell_back"] else ""), markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -269,6 +279,60 @@ def fleet_status(recipe: RecipeArg) -> None:
         line = f"[{t.name}] {t.connection}" + (f" via {t.tracker}" if t.tracker else "") + f": {t.health}"
         out.print(line if t.healthy else f"{line} (not ready)", markup=False, soft_wrap=True)
     raise typer.Exit(0 if status.ok else 1)
+
+
+records_app = typer.Typer(no_args_is_help=True, help="Carry RECIPE's tuning records between machines.")
+app.add_typer(records_app, name="records")
+
+
+@records_app.command("export")
+def records_export(
+    recipe: RecipeArg,
+    output: Annotated[Path, typer.Option("--output", "-o", help="The .tar.gz to write.", show_default=False)],
+    target: Annotated[Optional[list[str]], typer.Option("--target", "-t", help="Only this target (repeatable).")] = None,
+    records_dir: RecordsDirOption = None,
+) -> None:
+    """Write the record stores of RECIPE's targets into one reproducible archive."""
+    from edgetune.pipeline import record_locations
+    from edgetune.tuning.records import export_stores
+
+    try:
+        locations = record_locations(_fleet_recipe(recipe), target, records_dir)
+        present = {loc.directory.name: loc.directory for loc in locations.values() if loc.exists()}
+        if not present:
+            raise InputError(f"no tuning records yet for {', '.join(locations)} in "
+                             f"{next(iter(locations.values())).directory.parent}")
+        counts = export_stores(present, output)
+    except EdgetuneError as exc:
+        _fail(exc)
+    for name, location in locations.items():
+        store = location.directory.name
+        line = f"{name}: {counts[store]} records ({store})" if store in counts else f"{name}: no records yet"
+        out.print(line, markup=False)
+    out.print(str(output), markup=False, soft_wrap=True)
+
+
+@records_app.command("import")
+def records_import(
+    recipe: RecipeArg,
+    archive: Annotated[Path, typer.Argument(help="A .tar.gz from `edgetune records export`.", show_default=False)],
+    records_dir: RecordsDirOption = None,
+) -> None:
+    """Merge ARCHIVE's record stores into RECIPE's records directory; nothing local is removed."""
+    from edgetune.pipeline import record_locations
+    from edgetune.tuning.records import import_stores
+
+    try:
+        locations = record_locations(_fleet_recipe(recipe), None, records_dir)
+        root = next(iter(locations.values())).directory.parent
+        owners = {loc.directory.name: name for name, loc in locations.items()}
+        imported = import_stores(archive, root)
+    except EdgetuneError as exc:
+        _fail(exc)
+    for store in imported:
+        owner = owners.get(store.name)
+        who = f"{owner}" if owner else f"{store.name} (no target of this recipe has this profile and TVM target; kept)"
+        out.print(f"{who}: {store.added} records added, {store.present} already here", markup=False, soft_wrap=True)
 
 
 def main() -> None:

@@ -8,15 +8,60 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.s_tir.meta_schedule.database import Database, MemoryDatabase
-from tvm.s_tir.meta_schedule.relax_integration import compile_relax
 
 
 def compile_model(mod: tvm.IRModule, target: tvm.target.Target, database: Database | None):
     """Build with the database's best schedule per kernel; kernels it lacks stay unscheduled.
 
-    With no database this is the untuned baseline, built by the very same pipeline.
+    The kernels are fused exactly as `fuse_for_tuning` fused them for task extraction, so the tuned
+    workloads are found. Where a tuned schedule packs a weight into its own layout (MetaSchedule's
+    RewriteLayout, on buffers marked layout-free), the packing is split out of the kernel and folded
+    into the constant here, at compile time, instead of running on every call. With no database this
+    is the untuned baseline, built by the very same pipeline.
     """
-    return compile_relax(database if database is not None else MemoryDatabase(), mod, target, params=None)
+    from tvm.relax import pipeline
+    from tvm.s_tir import dlight
+
+    from edgetune.frontend.onnx import fuse_for_tuning
+
+    database = database if database is not None else MemoryDatabase()
+    is_gpu = pipeline.BackendDispatcher.is_gpu_target(target)
+
+    @tvm.transform.module_pass(opt_level=3)
+    def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        mod = tvm.transform.Sequential(pipeline.library_dispatch_passes(target))(mod)
+        mod = relax.transform.MetaScheduleApplyDatabase()(fuse_for_tuning(mod, target))
+        prepack = [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()]
+        mod = tvm.transform.Sequential(prepack)(mod)  # each weight packed once, here
+        if is_gpu:  # untuned GPU kernels need at least thread bindings
+            mod = dlight.ApplyDefaultSchedule(dlight.gpu.Matmul(), dlight.gpu.GEMV(), dlight.gpu.Reduction(),
+                                              dlight.gpu.GeneralReduction(), dlight.gpu.Fallback())(mod)
+        return tvm.transform.Sequential(_lowering_passes(target))(mod)
+
+    with target, database, tvm.transform.PassContext(opt_level=3):
+        return relax.build(mod, target=target, relax_pipeline=_pipeline)
+
+
+def _lowering_passes(target: tvm.target.Target) -> list:
+    """The target's default dataflow-lowering and finalizing passes; the CPU ones where none are registered."""
+    from tvm.relax import pipeline
+
+    try:
+        return pipeline.dataflow_lower_passes(target) + pipeline.finalize_passes(target)
+    except (ValueError, AttributeError):  # as compile_relax: the wheel's cpu_generic backend lacks them
+        return [
+            relax.transform.RewriteDataflowReshape(),
+            relax.transform.ToNonDataflow(),
+            relax.transform.RemovePurityChecking(),
+            relax.transform.CallTIRRewrite(),
+            relax.transform.StaticPlanBlockMemory(),
+            relax.transform.LowerAllocTensor(),
+            relax.transform.KillAfterLastUse(),
+            relax.transform.LowerRuntimeBuiltin(),
+            relax.transform.ComputePrimValue(),
+            relax.transform.VMShapeLower(),
+            relax.transform.AttachGlobalSymbol(),
+        ]
 
 
 def export_library(executable, path: Path, cross_compiler: str | None = None) -> Path:

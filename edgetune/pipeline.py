@@ -1,9 +1,10 @@
 """build(recipe): every stage in order for each target of the fleet.
 
 recipe -> model import -> tasks -> tuning -> compile -> package -> verify. Each target's
-measurements live in its own record store under `<output>/<recipe>/work/<target>/`; a target whose
-inputs (model, profile, tuning settings, records) hash the same as its packaged artifact's is not
-compiled or packaged again.
+measurements live in its own record store, `<records_dir>/<target>-<digest of profile and TVM
+target>/`, kept across builds; a target whose inputs (model, profile, tuning settings, records)
+hash the same as its packaged artifact's is not compiled or packaged again. Targets tune after
+their siblings (fleet[].transfer_from, or same ISA family and device), whose records warm-start them.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from typing import Any
 import numpy as np
 
 import edgetune
+from edgetune.archive import archive_directory
 from edgetune.cuda_precompile import precompile_cuda
 from edgetune.errors import BuildError, EdgetuneError, InputError
 from edgetune.fleet.endpoints import RemoteDevice, remote_device
 from edgetune.fleet.tracker import require_servers
 from edgetune.frontend.onnx import LoadedModel, fuse_for_tuning, load_model, to_relax
-from edgetune.package.artifact import archive_artifact, sha256_file, write_artifact_files, write_manifest
+from edgetune.package.artifact import sha256_file, write_artifact_files, write_manifest
 from edgetune.package.deploy import build_program, missing_runner_hint, runner_for, stage_runtime
 from edgetune.package.runtime import runtime_files
 from edgetune.package.verify import OutputCheck, checksum_problems, read_manifest
@@ -37,7 +39,8 @@ from edgetune.report import render_report
 from edgetune.toolchains import Toolchain, check_toolchains
 from edgetune.tuning.records import RecordStore
 from edgetune.tuning.tasks import extract_tasks
-from edgetune.tuning.tune import TaskProgress, TuningInterrupted, TuningPlan, tune
+from edgetune.tuning.transfer import load_sibling_records
+from edgetune.tuning.tune import TaskProgress, TuningInterrupted, TuningPlan, TuningResult, tune
 
 SUMMARY_NAME = "summary.json"
 """Written beside the artifacts by every build: the same JSON as `--json`."""
@@ -61,6 +64,8 @@ class TargetResult:
     tasks: list[dict[str, Any]] = field(default_factory=list)
     tasks_total: int = 0
     reused: bool = False  # inputs unchanged: the packaged artifact was kept
+    records: str | None = None  # the target's record store: relative to the build directory, or absolute
+    transfer: dict[str, Any] | None = None  # what its siblings' records contributed (None: no siblings)
     error: str | None = None
     wall_s: float = 0.0
 
@@ -96,24 +101,31 @@ class Event:
 EventFn = Callable[[Event], None]
 
 
-def build(recipe: Recipe, only: list[str] | None = None, on_event: EventFn | None = None) -> BuildResult:
-    """Build every target of the recipe (or those named in `only`); one target's failure spares the rest."""
+def build(recipe: Recipe, only: list[str] | None = None, on_event: EventFn | None = None,
+          records_dir: Path | None = None) -> BuildResult:
+    """Build every target of the recipe (or those named in `only`), siblings first; one target's
+    failure spares the rest. `records_dir` replaces the recipe's records_dir."""
     emit = on_event or (lambda event: None)
-    targets = _select(recipe, only)
+    profiles = {t.name: resolve_profile(t.profile, t.overrides) for t in recipe.fleet}
+    order, siblings = order_fleet(recipe.fleet, profiles)
+    selected = {t.name for t in _select(recipe, only)}
+    targets = [t for t in order if t.name in selected]
+    stores = record_stores(recipe, profiles, records_dir)
     result = BuildResult(recipe.name, str(recipe.output_dir / recipe.name))
     model = load_model(
         zoo=recipe.model.zoo, onnx_path=recipe.model_path, input_shapes=recipe.model.input_shapes
     )
-    profiles = {t.name: resolve_profile(t.profile, t.overrides) for t in targets}
-    toolchains = check_toolchains(list(profiles.values()))
+    toolchains = check_toolchains([profiles[t.name] for t in targets])
     relax_mod = to_relax(model)
     reference = ReferenceRuntime(model)
     for target in targets:
         started = time.monotonic()
         try:
             profile = profiles[target.name]
+            sibling_stores = {name: stores[name] for name in siblings[target.name] if stores[name].exists()}
             result.targets[target.name] = _build_target(
-                recipe, target, profile, toolchains[profile.name], model, relax_mod, reference, emit
+                recipe, target, profile, toolchains[profile.name], model, relax_mod, reference, emit,
+                RecordStore(stores[target.name].directory), sibling_stores,
             )
         except TuningInterrupted:
             raise
@@ -132,6 +144,73 @@ def build(recipe: Recipe, only: list[str] | None = None, on_event: EventFn | Non
     summary_path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
     render_report(summary_path.parent)
     return result
+
+
+def order_fleet(fleet: list[FleetTarget], profiles: dict[str, DeviceProfile]
+                ) -> tuple[list[FleetTarget], dict[str, list[str]]]:
+    """The fleet in tuning order (every target after its siblings) and each target's siblings.
+
+    A target's siblings are its `transfer_from`, or when that is left out, the targets before it
+    in that order with the same ISA family and device kind (same instructions, same kind of
+    schedules). The recipe check has ruled out circles.
+    """
+    named = {t.name: t for t in fleet}
+    order: list[FleetTarget] = []
+    placed: set[str] = set()
+
+    def place(target: FleetTarget) -> None:
+        if target.name in placed:
+            return
+        placed.add(target.name)
+        for source in target.transfer_from or []:
+            place(named[source])
+        order.append(target)
+
+    for target in fleet:
+        place(target)
+    siblings: dict[str, list[str]] = {}
+    for position, target in enumerate(order):
+        if target.transfer_from is not None:
+            siblings[target.name] = list(target.transfer_from)
+            continue
+        family = (profiles[target.name].isa, profiles[target.name].device)
+        siblings[target.name] = [t.name for t in order[:position]
+                                 if (profiles[t.name].isa, profiles[t.name].device) == family]
+    return order, siblings
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """Where one target's records live; opened only when the target is built or read as a sibling."""
+
+    directory: Path
+
+    def exists(self) -> bool:
+        return (self.directory / "database_tuning_record.json").is_file()
+
+
+def record_stores(recipe: Recipe, profiles: dict[str, DeviceProfile],
+                  records_dir: Path | None = None) -> dict[str, StoreLocation]:
+    """Each fleet target's store: named after the target and a digest of its profile and TVM target,
+    because TVM's database ignores the target when queried (a shared store would hand one device
+    another's schedules), and a changed profile must not inherit records measured for the old one."""
+    root = Path(records_dir).resolve() if records_dir is not None else recipe.records_path
+    locations = {}
+    for target in recipe.fleet:
+        profile = profiles[target.name]
+        digest = hashlib.sha256(json.dumps(
+            {"profile": profile.name, "device": profile.device, "target": str(profile.tvm_target())},
+            sort_keys=True).encode()).hexdigest()[:10]
+        locations[target.name] = StoreLocation(root / f"{target.name}-{digest}")
+    return locations
+
+
+def record_locations(recipe: Recipe, only: list[str] | None = None,
+                     records_dir: Path | None = None) -> dict[str, StoreLocation]:
+    """The stores of the recipe's targets (or those named in `only`), for export and import."""
+    profiles = {t.name: resolve_profile(t.profile, t.overrides) for t in recipe.fleet}
+    stores = record_stores(recipe, profiles, records_dir)
+    return {t.name: stores[t.name] for t in _select(recipe, only)}
 
 
 def _select(recipe: Recipe, only: list[str] | None) -> list[FleetTarget]:
@@ -154,6 +233,8 @@ def _build_target(
     relax_mod,
     reference: ReferenceRuntime,
     emit: EventFn,
+    store: RecordStore,
+    sibling_stores: dict[str, StoreLocation],
 ) -> TargetResult:
     # Measured here: this machine's CPU. Other devices need an RPC connection, or no tuning at all.
     measured_here = target.is_local and profile.device == "cpu" and toolchain.native
@@ -169,8 +250,7 @@ def _build_target(
     tvm_target = profile.tvm_target()
     root = recipe.output_dir / recipe.name
     work = root / "work" / target.name
-    store = RecordStore(work / "records")
-    result = _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, remote)
+    result = _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, remote, sibling_stores, work)
 
     artifact_dir = root / target.name
     archive = root / f"{target.name}.tar.gz"
@@ -246,7 +326,7 @@ def _build_target(
     emit(Event(target.name, "verifying the packaged artifact against ONNX Runtime"))
     manifest["verification"].update(_verify_shipped(artifact_dir, manifest, toolchain, runtime_dir, remote))
     write_manifest(artifact_dir, manifest)
-    archive_artifact(artifact_dir, archive)
+    archive_directory(artifact_dir, archive)
     _fill_from_manifest(result, read_manifest(artifact_dir), artifact_dir, archive)
     problems = checksum_problems(artifact_dir, read_manifest(artifact_dir))
     verification = manifest["verification"]
@@ -261,11 +341,18 @@ def _build_target(
     return result
 
 
-def _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, remote) -> TargetResult:
+def _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, remote, sibling_stores,
+                 work) -> TargetResult:
     emit(Event(target.name, f"extracting tasks for {profile.name} ({_describe_target(profile)})"))
     tasks = extract_tasks(fuse_for_tuning(relax_mod, tvm_target), tvm_target)
     tuned_tasks = tasks[: recipe.tuning.max_tasks] if recipe.tuning.max_tasks else tasks
     trials = recipe.tuning.trials_per_task
+    siblings = None
+    if sibling_stores and recipe.tuning.transfer != "off" and trials != 0:
+        siblings = load_sibling_records({n: RecordStore(s.directory) for n, s in sibling_stores.items()},
+                                        tuned_tasks, tvm_target, profile.hardware.cores or 1)
+        emit(Event(target.name, f"transfer from {', '.join(sibling_stores)}: {siblings.records_used} of their "
+                                f"records, {sum(map(len, siblings.seeds.values()))} schedules to re-measure first"))
     plan = TuningPlan(
         trials_per_task=1_000_000 if trials is None else trials,
         time_budget_s=recipe.tuning.time_budget_min * 60 if recipe.tuning.time_budget_min else None,
@@ -276,13 +363,16 @@ def _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, re
         device=profile.device,
         isa=profile.isa,
         remote=remote,
+        siblings=siblings,
+        transfer=recipe.tuning.transfer,
     )
     if trials == 0:
         emit(Event(target.name, f"{len(tasks)} tasks; no tuning (trials_per_task: 0)"))
     else:
         where = f", measured on {remote.where}" if remote else ""
         emit(Event(target.name, f"{len(tasks)} tasks, tuning {len(tuned_tasks)} with {plan.search} search{where}"))
-    tuning = tune(tuned_tasks, tvm_target, store, plan, lambda p: emit(Event(target.name, "", p)))
+    tuning = tune(tuned_tasks, tvm_target, store, plan, lambda p: emit(Event(target.name, "", p)),
+                  logs_dir=work / "logs")
     summary = [
         {
             "name": t.name,
@@ -293,6 +383,7 @@ def _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, re
             "best_us": t.best_us,
             "gflops": t.gflops,
             "skipped_for_budget": t.skipped_for_budget,
+            "candidates": asdict(t.search) if recipe.tuning.search == "draft-verify" else None,
         }
         for t in tuning.tasks
     ]
@@ -302,7 +393,37 @@ def _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, re
         trials_total=sum(t["trials"] for t in summary),
         tasks=summary,
         tasks_total=len(tasks),
+        records=_display_store(store.directory, recipe.output_dir / recipe.name),
+        transfer=_transfer_summary(tuning, sibling_stores, recipe.tuning.transfer),
     )
+
+
+def _display_store(directory: Path, build_dir: Path) -> str:
+    """The store's path relative to the build directory when inside it, so a moved build still finds it."""
+    return str(directory.relative_to(build_dir)) if directory.is_relative_to(build_dir) else str(directory)
+
+
+def _transfer_summary(tuning: TuningResult, sibling_stores: dict, mode: str) -> dict[str, Any] | None:
+    """Which siblings' records were used and what came of them, per target."""
+    if not sibling_stores:
+        return None
+    stats = tuning.transfer
+    if stats is None:
+        why = "transfer: off" if mode == "off" else "no tuning in this build, or no sibling records of these tasks"
+        return {"sources": list(sibling_stores), "used": False, "why_not": why}
+    best = {t.name: t.best_us for t in tuning.tasks}
+    return {
+        "sources": stats.sources,
+        "used": True,
+        "mode": stats.mode,
+        "sibling_records": stats.sibling_records,
+        "seeds_measured": stats.seeds_measured,
+        "tasks_best_from_sibling": sorted(
+            name for name, seconds in stats.seed_best.items()
+            if best.get(name) is not None and seconds * 1e6 <= best[name] * (1 + 1e-9)
+        ),
+        "guard_fell_back": sorted(stats.distrusted),
+    }
 
 
 def _measure(relax_mod, tvm_target, library, model, samples, reference, profile, work) -> dict[str, float]:

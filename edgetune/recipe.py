@@ -178,8 +178,9 @@ class FleetTarget(_Strict):
     """Deep-merged onto the profile (target, host, hardware, cross_compiler)."""
     connection: RpcConnection | None = None
     """None: measured on this machine (`connection: local` in YAML)."""
-    transfer_from: list[str] = Field(default_factory=list)
-    """Other fleet targets whose tuning records seed this one."""
+    transfer_from: list[str] | None = None
+    """Fleet targets whose tuning records warm-start this one (they are tuned first). Left out:
+    the targets before it with the same ISA family and device kind; []: none."""
 
     @field_validator("connection", mode="before")
     @classmethod
@@ -209,6 +210,10 @@ class TuningSpec(_Strict):
     seed: NonNegativeInt = 0
     max_tasks: PositiveInt | None = None
     """Tune only the N heaviest tasks."""
+    transfer: Literal["momentum", "warm", "off"] = "momentum"
+    """How a target learns from its siblings' records (fleet[].transfer_from): their best schedules
+    are measured first and a model trained on their records predicts, adapted to the device's own
+    measurements with momentum (MoA-Pruner) or by pooling them ("warm"); "off": never."""
 
     @model_validator(mode="after")
     def _has_budget(self) -> TuningSpec:
@@ -260,6 +265,9 @@ class Recipe(_Strict):
     """The fleet's RPC tracker (see `edgetune fleet up`); the default tracker of `ssh` connections."""
     output: str = "build"
     """Output directory, relative to the recipe file."""
+    records_dir: str | None = None
+    """Where each device's tuning records persist across builds, relative to the recipe file
+    (default: <output>/<name>/records); `edgetune build --records-dir` overrides it."""
 
     _source_path: Path | None = PrivateAttr(default=None)
     _base_dir: Path | None = PrivateAttr(default=None)
@@ -278,6 +286,13 @@ class Recipe(_Strict):
     def output_dir(self) -> Path:
         """Absolute output directory."""
         return (self.base_dir / self.output).resolve()
+
+    @property
+    def records_path(self) -> Path:
+        """Absolute directory of the record stores."""
+        if self.records_dir is None:
+            return self.output_dir / self.name / "records"
+        return (self.base_dir / self.records_dir).resolve()
 
     @property
     def model_path(self) -> Path | None:
@@ -369,7 +384,32 @@ def _fleet_problems(data: dict[str, Any]) -> tuple[list[Problem], list[str]]:
             problems += [Problem(("fleet", i, "overrides", *p.path), p.message, p.at_key) for p in exc.found]
         except InputError as exc:
             outside += [p for p in exc.problems if p not in outside]
-    return problems, outside
+    return problems + _transfer_cycle_problems(entries), outside
+
+
+def _transfer_cycle_problems(entries: list[tuple[int, dict[str, Any]]]) -> list[Problem]:
+    """Siblings tune first, so transfer_from cannot go round in a circle."""
+    sources: dict[str, list[str]] = {}
+    index: dict[str, int] = {}
+    for i, entry in entries:
+        name, named = entry.get("name"), entry.get("transfer_from")
+        if isinstance(name, str) and name not in index:
+            index[name] = i
+            sources[name] = [s for s in named if isinstance(s, str)] if isinstance(named, list) else []
+    problems = []
+    for name, direct in sources.items():
+        frontier, seen = list(direct), set()
+        while frontier:
+            current = frontier.pop()
+            if current == name and name not in direct:
+                problems.append(Problem(("fleet", index[name], "transfer_from"),
+                                        f"'{name}' transfers from itself through its sources' transfer_from "
+                                        "(a circle): one of them must tune first"))
+                break
+            if current not in seen:
+                seen.add(current)
+                frontier.extend(sources.get(current, []))
+    return problems
 
 
 def _tracker_problems(data: dict[str, Any]) -> list[Problem]:

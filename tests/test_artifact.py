@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edgetune.package.artifact import archive_artifact, save_arrays, write_artifact_files, write_manifest
+from edgetune.archive import archive_directory
+from edgetune.package.artifact import save_arrays, write_artifact_files, write_manifest
 from edgetune.package.verify import checksum_problems, read_manifest
 
 CONTEXT = {
@@ -51,10 +52,10 @@ def test_checksum_problems_name_altered_missing_and_extra_files(tmp_path: Path) 
 
 
 def test_same_inputs_give_byte_identical_archives(tmp_path: Path) -> None:
-    first = archive_artifact(make_artifact(tmp_path / "a"), tmp_path / "a.tar.gz").read_bytes()
-    second = archive_artifact(make_artifact(tmp_path / "b"), tmp_path / "b.tar.gz").read_bytes()
+    first = archive_directory(make_artifact(tmp_path / "a"), tmp_path / "a.tar.gz").read_bytes()
+    second = archive_directory(make_artifact(tmp_path / "b"), tmp_path / "b.tar.gz").read_bytes()
     assert first == second
-    different = archive_artifact(make_artifact(tmp_path / "c", b"other"), tmp_path / "c.tar.gz").read_bytes()
+    different = archive_directory(make_artifact(tmp_path / "c", b"other"), tmp_path / "c.tar.gz").read_bytes()
     assert different != first
 
 

@@ -22,8 +22,8 @@ from conftest import write_tiny_recipe as write_recipe
 pytestmark = pytest.mark.slow
 
 def records(directory: Path) -> list[str]:
-    path = directory / "out" / "tiny" / "work" / "host" / "records" / "database_tuning_record.json"
-    return path.read_text().splitlines() if path.exists() else []
+    paths = sorted((directory / "out" / "tiny" / "records").glob("host-*/database_tuning_record.json"))
+    return paths[0].read_text().splitlines() if paths else []
 
 
 @pytest.fixture(scope="module")

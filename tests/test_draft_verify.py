@@ -15,7 +15,7 @@ from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 from edgetune.profiles import load_profile
 from edgetune.tuning.analyzer import SpaceModel
 from edgetune.tuning.cost_model import RankingCostModel
-from edgetune.tuning.draft_verify import DraftVerifySearch
+from edgetune.tuning.draft_verify import DraftVerifySearch, SearchCounts
 from edgetune.tuning.records import RecordStore
 from edgetune.tuning.tune import TuningPlan
 
@@ -115,12 +115,12 @@ def test_tune_wires_draft_verify_with_a_model_kept_beside_the_records(tmp_path):
     store = RecordStore(tmp_path / "records")
     plan = TuningPlan(trials_per_task=8, time_budget_s=None, search="draft-verify", seed=0, cores=2,
                       hardware=profile.hardware, device=profile.device, isa=profile.isa)
-    assert isinstance(_search_strategy(plan), DraftVerifySearch)
-    model = _cost_model(plan, store)
+    assert isinstance(_search_strategy(plan, SearchCounts(), None, None), DraftVerifySearch)
+    model = _cost_model(plan, store, None)
     assert isinstance(model, RankingCostModel) and model.path == store.directory / "cost_model.npz"
     stock = TuningPlan(trials_per_task=8, time_budget_s=None, search="evolutionary", seed=0, cores=2)
-    assert isinstance(_search_strategy(stock), ms.search_strategy.EvolutionarySearch)
-    assert isinstance(_cost_model(stock, store), ms.cost_model.XGBModel)
+    assert isinstance(_search_strategy(stock, SearchCounts(), None, None), ms.search_strategy.EvolutionarySearch)
+    assert isinstance(_cost_model(stock, store, None), ms.cost_model.XGBModel)
 
 
 @pytest.mark.slow

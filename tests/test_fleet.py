@@ -320,8 +320,8 @@ def write_fleet_recipe(directory: Path, server: Sshd, tracker_port: int | None, 
 
 
 def records(directory: Path) -> list[str]:
-    path = directory / "out" / "fleet" / "work" / "board" / "records" / "database_tuning_record.json"
-    return path.read_text().splitlines() if path.exists() else []
+    paths = sorted((directory / "out" / "fleet" / "records").glob("board-*/database_tuning_record.json"))
+    return paths[0].read_text().splitlines() if paths else []
 
 
 @pytest.mark.slow

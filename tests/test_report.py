@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from html import unescape
 from pathlib import Path
 
 import numpy as np
@@ -39,14 +40,38 @@ def test_report_holds_the_summary_figures_and_embeds_its_images(build_dir) -> No
         assert f"{task['trials']} ({task['trials_measured_now']})" in html
         assert f"{task['best_us']:.1f}" in html
     assert f"{host['trials_total']} ({host['trials_measured']})" in html
-    assert "transfer: none (no sibling records used)" in html
-    assert f"search: evolutionary, candidates measured: {host['trials_total']}" in html
+    assert "transfer: none (no sibling device in this fleet" in html
+    assert f"search: evolutionary, candidates measured in this build: {host['trials_measured']}" in html
     manifest = json.loads((build_dir / "host" / "manifest.json").read_text())
     for name, digest in manifest["files"].items():
         assert name in html and digest in html
     assert manifest["versions"]["tvm"] in html and manifest["measured_on"] in html
     assert html.count("data:image/png;base64,") == 2  # latency bars, tuning curves
     assert "http://" not in html and "https://" not in html
+
+
+@pytest.mark.slow
+def test_report_says_what_transfer_and_drafting_contributed(build_dir) -> None:
+    """A target warm-started by a sibling, tuned with draft-then-verify: the report gives the counts."""
+    summary = json.loads((build_dir / "summary.json").read_text())
+    host = summary["targets"]["host"]
+    host["transfer"] = {"sources": ["big-board"], "used": True, "mode": "momentum", "sibling_records": 37,
+                        "seeds_measured": 8, "tasks_best_from_sibling": [host["tasks"][0]["name"]],
+                        "guard_fell_back": [host["tasks"][1]["name"]]}
+    for task in host["tasks"]:
+        task["candidates"] = {"explored": 5000, "drafted": 512, "verified": 160}
+    (build_dir / "summary.json").write_text(json.dumps(summary))
+    manifest_path = build_dir / "host" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["tuning"]["search"] = "draft-verify"
+    manifest_path.write_text(json.dumps(manifest))
+    text = unescape(render_report(build_dir).read_text())
+    tasks = len(host["tasks"])
+    assert (f"transfer from big-board (momentum): 37 sibling records trained the prior; 8 of their best schedules "
+            f"re-measured here; a sibling's schedule is still the best for 1 of {tasks} tasks") in text
+    assert f"the guard set the siblings' model aside for {host['tasks'][1]['name']}" in text
+    assert (f"{5000 * tasks:,} candidates scored by the analyzer, {512 * tasks:,} drafted, {160 * tasks:,} verified by "
+            f"the learned model, {host['trials_measured']:,} measured") in text
 
 
 @pytest.mark.slow

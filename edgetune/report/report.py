@@ -31,10 +31,11 @@ _LINESTYLES = ("-", "--", ":", "-.")  # after the 10 colours of the cycle, so 40
 _TARGET_DEFAULTS: dict[str, Any] = {
     "artifact": None, "latency_ms": None, "untuned_latency_ms": None, "reference_latency_ms": None,
     "verified": False, "max_abs_error": None, "trials_measured": 0, "trials_total": 0, "tasks": [],
-    "reused": False, "error": None, "wall_s": None,
+    "reused": False, "error": None, "wall_s": None, "records": None, "transfer": None,
 }
 _TASK_DEFAULTS: dict[str, Any] = {
     "weight": 1, "trials": 0, "trials_measured_now": 0, "best_us": None, "gflops": None, "skipped_for_budget": False,
+    "candidates": None,
 }
 
 Curve = list[tuple[float, float]]
@@ -131,7 +132,8 @@ def _target_view(build_dir: Path, name: str, raw: Any) -> dict[str, Any]:
         raise InputError(f"{build_dir / _SUMMARY_NAME}: targets.{name}: not a target result")
     result = {**_TARGET_DEFAULTS, **raw}
     manifest_path = build_dir / name / _MANIFEST_NAME
-    log_path = build_dir / "work" / name / "records" / "tuning_log.jsonl"
+    # The target's record store (summaries before per-device stores: work/<target>/records).
+    log_path = build_dir / (result["records"] or f"work/{name}/records") / "tuning_log.jsonl"
     view: dict[str, Any] = {
         "name": name, "result": result, "tasks": _task_rows(result["tasks"]), "speedup_untuned": None,
         "speedup_reference": None, "manifest_path": str(manifest_path), "manifest": None,
@@ -179,11 +181,8 @@ def _manifest_facts(manifest: dict[str, Any], result: dict[str, Any]) -> dict[st
             ("TVM target", json.dumps(target.get("tvm_target"), sort_keys=True)),
             ("measured on", manifest.get("measured_on")),
         ],
-        # Transfer from sibling targets and draft-and-verify search are not built yet: say so, invent nothing.
-        "contributions": [
-            "transfer: none (no sibling records used)",
-            f"search: {tuning.get('search')}, candidates measured: {tuning.get('trials_total')}",
-        ],
+        "contributions": [_transfer_line(result.get("transfer"), len(result["tasks"])),
+                          _search_line(tuning.get("search"), result)],
         "tuning": [
             ("this build measured", f"{result['trials_measured']} candidates"),
             ("trials per task", tuning.get("trials_per_task")),
@@ -209,6 +208,33 @@ def _manifest_facts(manifest: dict[str, Any], result: dict[str, Any]) -> dict[st
         "versions": [("edgetune", manifest.get("edgetune_version")), *sorted(manifest.get("versions", {}).items())],
         "files": sorted(manifest.get("files", {}).items()),
     }
+
+
+def _transfer_line(transfer: dict[str, Any] | None, tasks: int) -> str:
+    """What sibling devices' records contributed to this target, from the build summary."""
+    if transfer is None:
+        return "transfer: none (no sibling device in this fleet: same ISA family and device kind, or transfer_from)"
+    sources = ", ".join(transfer["sources"])
+    if not transfer["used"]:
+        return f"transfer from {sources}: not used ({transfer['why_not']})"
+    line = (f"transfer from {sources} ({transfer['mode']}): {transfer['sibling_records']} sibling records trained "
+            f"the prior; {transfer['seeds_measured']} of their best schedules re-measured here; a sibling's schedule "
+            f"is still the best for {len(transfer['tasks_best_from_sibling'])} of {tasks} tasks")
+    fell_back = transfer["guard_fell_back"]
+    if fell_back:
+        return line + f"; the guard set the siblings' model aside for {', '.join(fell_back)}"
+    return line + "; the guard kept the siblings' model for every task"
+
+
+def _search_line(search: str | None, result: dict[str, Any]) -> str:
+    """Candidates per stage of draft-then-verify in this build (the stock search has one stage)."""
+    counts = [t["candidates"] for t in result["tasks"] if t.get("candidates")]
+    if search != "draft-verify" or not counts:
+        return f"search: {search}, candidates measured in this build: {result['trials_measured']}"
+    total = {stage: sum(c[stage] for c in counts) for stage in ("explored", "drafted", "verified")}
+    return (f"search: draft-verify, in this build: {total['explored']:,} candidates scored by the analyzer, "
+            f"{total['drafted']:,} drafted, {total['verified']:,} verified by the learned model, "
+            f"{result['trials_measured']:,} measured")
 
 
 def _latency_chart(tuned: float, untuned: float | None, reference: float | None) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,49 @@ _PARAMS = {
 }
 
 
+Groups = dict[str, tuple[list[np.ndarray], list[float]]]
+"""Training data: per task (or per device and task), feature rows and measured seconds."""
+
+
+def task_key(context: TuneContext) -> str:
+    """The task a candidate belongs to: its workload's structural hash."""
+    return str(tvm_ffi.structural_hash(context.mod))
+
+
+def ranking_data(groups: Groups) -> tuple[np.ndarray, np.ndarray, list[int]] | None:
+    """Rows, labels (throughput relative to the group's best; failures 0) and group sizes."""
+    rows, labels, sizes = [], [], []
+    for features, costs in groups.values():
+        cost = np.asarray(costs, dtype=float)
+        finite = np.isfinite(cost)
+        if not finite.any():
+            continue
+        best = cost[finite].min()
+        labels.append(np.where(finite, best / np.where(finite, cost, 1.0), 0.0))
+        rows.append(np.stack(features))
+        sizes.append(len(costs))
+    if not rows or sum(sizes) < 2:
+        return None
+    return np.concatenate(rows), np.concatenate(labels), sizes
+
+
+def train_ranker(groups: Groups, num_threads: int, rounds: int, params: dict | None = None,
+                 base_margin: Callable[[np.ndarray], np.ndarray] | None = None):
+    """An XGBoost ranker on `groups`, or None without two measurements; `base_margin` boosts on
+    top of another model's scores (a residual model)."""
+    import xgboost as xgb
+
+    data = ranking_data(groups)
+    if data is None:
+        return None
+    rows, labels, sizes = data
+    matrix = xgb.DMatrix(rows, label=labels)
+    matrix.set_group(sizes)
+    if base_margin is not None:
+        matrix.set_base_margin(base_margin(rows))
+    return xgb.train(dict(params or _PARAMS, nthread=num_threads, seed=0), matrix, num_boost_round=rounds)
+
+
 def aggregate(per_store: np.ndarray) -> np.ndarray:
     """One row per candidate from its [stores, features] matrix: sum, max, and the store count."""
     if per_store.shape[0] == 0:
@@ -59,7 +103,7 @@ class RankingCostModel(PyCostModel):
         self.num_threads = num_threads
         self.rounds = rounds
         self.path = path
-        self.groups: dict[str, tuple[list[np.ndarray], list[float]]] = {}
+        self.groups: Groups = {}
         self.booster = None
         if path is not None and Path(path).exists():
             self.load(str(path))
@@ -77,10 +121,11 @@ class RankingCostModel(PyCostModel):
         return np.stack([aggregate(t.numpy()) for t in self.extractor.extract_from(context, candidates)])
 
     def update(self, context: TuneContext, candidates: list[MeasureCandidate], results: list[RunnerResult]) -> None:
-        if not candidates:
-            return
-        rows = self.features(context, candidates)
-        key = str(tvm_ffi.structural_hash(context.mod))
+        if candidates:
+            self.add(task_key(context), self.features(context, candidates), results)
+
+    def add(self, key: str, rows: np.ndarray, results: list[RunnerResult]) -> None:
+        """Learn measured candidates (feature rows) of the task `key`, refit, and save."""
         features, costs = self.groups.setdefault(key, ([], []))
         for row, result in zip(rows, results):
             features.append(row)
@@ -103,24 +148,21 @@ class RankingCostModel(PyCostModel):
         return self.booster.predict(xgb.DMatrix(rows)).astype("float64")
 
     def _train(self) -> None:
-        import xgboost as xgb
+        self.booster = train_ranker(self.groups, self.num_threads, self.rounds)
 
-        rows, labels, sizes = [], [], []
-        for features, costs in self.groups.values():
-            cost = np.asarray(costs, dtype=float)
-            finite = np.isfinite(cost)
-            if not finite.any():
-                continue
-            best = cost[finite].min()
-            labels.append(np.where(finite, best / np.where(finite, cost, 1.0), 0.0))
-            rows.append(np.stack(features))
-            sizes.append(len(costs))
-        if not rows or sum(sizes) < 2:
-            return
-        data = xgb.DMatrix(np.concatenate(rows), label=np.concatenate(labels))
-        data.set_group(sizes)
-        params = dict(_PARAMS, nthread=self.num_threads, seed=0)
-        self.booster = xgb.train(params, data, num_boost_round=self.rounds)
+    def merge(self, other: RankingCostModel) -> None:
+        """Add the other model's training data (rows this one lacks), refit and save: importing a
+        store's records must not lose what either side learned."""
+        for key, (rows, costs) in other.groups.items():
+            features, known_costs = self.groups.setdefault(key, ([], []))
+            known = {(row.tobytes(), cost) for row, cost in zip(features, known_costs)}
+            for row, cost in zip(rows, costs):
+                if (row.tobytes(), cost) not in known:
+                    features.append(row)
+                    known_costs.append(cost)
+        self._train()
+        if self.path is not None:
+            self.save(str(self.path))
 
     def save(self, path: str) -> None:
         """Model and training data in one .npz (training data, so later refits keep it)."""
@@ -160,7 +202,6 @@ class RankingCostModel(PyCostModel):
 
 _FAILED_RUN_SECONDS = 1e9
 """MetaSchedule records a run that failed as 1e10 seconds."""
-
 
 def _cost(result: RunnerResult) -> float:
     if result.error_msg is not None or not result.run_secs:

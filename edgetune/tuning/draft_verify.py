@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import tvm_ffi
@@ -36,7 +37,7 @@ from tvm.s_tir.schedule import Trace
 
 from edgetune.profiles import Hardware
 from edgetune.tuning.analyzer import SpaceModel, UnsupportedSpace, make_analyzer, nests_from_func
-from edgetune.tuning.analyzer.space import TVM_ERRORS
+from edgetune.tuning.analyzer.space import replay
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,19 @@ class _Draft:
     schedule: Schedule | None = None
 
 
+@dataclass
+class SearchCounts:
+    """Candidates per stage, summed over rounds: what drafting saved the learned model."""
+
+    explored: int = 0  # decision vectors (or fallback candidates) scored by the analyzer
+    drafted: int = 0  # kept by the analyzer for verification
+    verified: int = 0  # materialized and scored by the learned model
+
+
+class TrustsPrior(Protocol):
+    def trusted(self, key: str) -> bool: ...
+
+
 @derived_object
 class DraftVerifySearch(PySearchStrategy):
     """MetaSchedule search strategy: analyzer-drafted, cost-model-verified (see module doc)."""
@@ -96,6 +110,8 @@ class DraftVerifySearch(PySearchStrategy):
         verify: int | None = None,
         eps_greedy: float = 0.1,
         measured_seeds: int = 16,
+        counts: SearchCounts | None = None,
+        prior: TrustsPrior | None = None,
     ):
         self.hardware = hardware
         self.device = device
@@ -106,6 +122,8 @@ class DraftVerifySearch(PySearchStrategy):
         self.verify_count = verify if verify is not None else (VERIFY_CPU if device == "cpu" else VERIFY_GPU)
         self.eps_greedy = eps_greedy
         self.measured_seeds = measured_seeds
+        self.counts = counts if counts is not None else SearchCounts()
+        self.prior = prior  # a learned model transferred from sibling devices: weighed fully while trusted
         self.analyzer = make_analyzer(hardware, device, isa)
 
     def _initialize_with_tune_context(self, context) -> None:
@@ -158,6 +176,8 @@ class DraftVerifySearch(PySearchStrategy):
             verify=self.verify_count,
             eps_greedy=self.eps_greedy,
             measured_seeds=self.measured_seeds,
+            counts=self.counts,
+            prior=self.prior,
         )
 
     def generate_measure_candidates(self) -> list[MeasureCandidate] | None:
@@ -206,7 +226,9 @@ class DraftVerifySearch(PySearchStrategy):
             per_space.append(sorted(drafts, key=lambda d: d.latency))
         order = sorted((position, draft.latency, index) for index, drafts in enumerate(per_space)
                        for position, draft in enumerate(drafts))
-        return [per_space[index][position] for position, _, index in order][: self.draft_count]
+        drafts = [per_space[index][position] for position, _, index in order][: self.draft_count]
+        self.counts.drafted += len(drafts)
+        return drafts
 
     def _evolve(self, index: int, space: _Space, size: int, best: np.ndarray) -> list[_Draft]:
         model = space.model
@@ -219,6 +241,7 @@ class DraftVerifySearch(PySearchStrategy):
             parts.append(space.drafts)
         population = np.unique(np.concatenate(parts), axis=0)
         for _ in range(self.generations):
+            self.counts.explored += len(population)
             latency = self.analyzer.latency(model.nests(population))
             elite = population[np.argsort(latency)[: max(8, size // 4)]]
             mothers = elite[self.rng.integers(0, len(elite), size)]
@@ -226,6 +249,7 @@ class DraftVerifySearch(PySearchStrategy):
             children = model.mutate(self.rng, mothers, space.weights)
             crossed = model.crossover(self.rng, fathers, elite[self.rng.integers(0, len(elite), len(fathers))])
             population = np.unique(np.concatenate([elite, children, crossed]), axis=0)
+        self.counts.explored += len(population)
         latency = self.analyzer.latency(model.nests(population))
         order = np.argsort(latency)
         kept: list[_Draft] = []
@@ -264,6 +288,7 @@ class DraftVerifySearch(PySearchStrategy):
             if key in self.measured:
                 continue
             latency = float(self.analyzer.latency(nests_from_func(_only_func(schedule)))[0])
+            self.counts.explored += 1
             drafts.append(_Draft(index, key, latency, schedule=schedule))
         return drafts
 
@@ -287,6 +312,7 @@ class DraftVerifySearch(PySearchStrategy):
             if program not in programs and program not in self.measured_programs:
                 programs.add(program)
                 ready.append(draft)
+        self.counts.verified += len(ready)
         if not ready:
             return []
         drafted = _rank(-np.floor(np.log(np.array([d.latency for d in ready])) / np.log1p(ANALYZER_RESOLUTION)))
@@ -296,6 +322,8 @@ class DraftVerifySearch(PySearchStrategy):
                           for d in ready]
             learned = np.asarray(self.cost_model.predict(self.context, candidates), dtype=float)
         weight = float(np.clip((len(self.measured) - LEARNED_FROM) / (LEARNED_FULL - LEARNED_FROM), 0.0, 1.0))
+        if self.prior is not None and self.prior.trusted(str(tvm_ffi.structural_hash(self.mod))):
+            weight = 1.0  # trained on the siblings' measurements of this task
         if np.ptp(learned) == 0:  # an untrained model scores everything alike
             weight = 0.0
         scores = drafted + weight * _rank(learned)
@@ -374,19 +402,12 @@ class DraftVerifySearch(PySearchStrategy):
                     row = space.model.encode(record.trace)
                     if row is not None:
                         rows[index].append(row)
+                        self.measured.add(_key(index, row))  # measured by another strategy (a sibling's seed)
                         break
         return [np.array(r, dtype=np.int64) if r else np.zeros((0, 0), dtype=np.int64) for r in rows]
 
     def _replay(self, trace: Trace) -> Schedule | None:
-        schedule = Schedule(self.mod, seed=int(self.rng.integers(1, 1 << 30)), debug_mask=0)
-        try:
-            trace.apply_to_schedule(schedule, remove_postproc=True)
-            for postproc in self.postprocs:
-                if not postproc.apply(schedule):
-                    return None
-        except TVM_ERRORS:
-            return None
-        return schedule
+        return replay(self.mod, trace, self.postprocs, int(self.rng.integers(1, 1 << 30)))
 
 
 def _key(space: int, row: np.ndarray | None, schedule: Schedule | None = None) -> bytes:

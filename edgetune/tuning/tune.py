@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import tvm
 from tvm.ir.utils import derived_object
@@ -25,10 +26,11 @@ from edgetune.fleet.endpoints import RemoteDevice
 from edgetune.profiles import Hardware
 from edgetune.tuning.builder import create_builder
 from edgetune.tuning.cost_model import RankingCostModel
-from edgetune.tuning.draft_verify import DraftVerifySearch
+from edgetune.tuning.draft_verify import DraftVerifySearch, SearchCounts
 from edgetune.tuning.records import RecordStore
 from edgetune.tuning.remote import DeviceLost, RetryingRPCRunner, shared_object_export
 from edgetune.tuning.tasks import TuningTask
+from edgetune.tuning.transfer import SeededSearch, SiblingRecords, TransferCostModel, TransferMode, TransferStats
 
 _MAX_TRIALS_PER_ROUND = 32
 _FIRST_PASS_TRIALS = 8
@@ -45,6 +47,8 @@ class TuningPlan:
     device: str = "cpu"  # the profile's runtime device: "cpu", "cuda", "opencl"
     isa: str = "x86_64"
     remote: RemoteDevice | None = None  # measured on this device over RPC; None: on this machine
+    siblings: SiblingRecords | None = None  # what sibling devices measured of these tasks
+    transfer: TransferMode = "momentum"
 
 
 @dataclass
@@ -70,6 +74,7 @@ class TaskOutcome:
     best_us: float | None
     skipped_for_budget: bool = False
     tuning_s: float = 0.0
+    search: SearchCounts = field(default_factory=SearchCounts)  # draft-verify's candidates per stage
 
     @property
     def gflops(self) -> float | None:
@@ -80,6 +85,7 @@ class TaskOutcome:
 class TuningResult:
     tasks: list[TaskOutcome] = field(default_factory=list)
     wall_s: float = 0.0
+    transfer: TransferStats | None = None
 
     @property
     def trials_measured(self) -> int:
@@ -143,20 +149,37 @@ class _ReportProgress(PyMeasureCallback):
             raise TuningInterrupted("stop requested")
 
 
-def _search_strategy(plan: TuningPlan):
+def _search_strategy(plan: TuningPlan, counts: SearchCounts, cost_model, stats: TransferStats | None):
+    """The recipe's search; with sibling records, their best schedules are measured first."""
     if plan.search == "evolutionary":
-        return ms.search_strategy.EvolutionarySearch()
-    if plan.search == "draft-verify":
+        strategy = ms.search_strategy.EvolutionarySearch()
+    elif plan.search == "draft-verify":
         if plan.hardware is None:
             raise ValueError("draft-verify search needs the device profile's hardware numbers")
-        return DraftVerifySearch(plan.hardware, plan.device, plan.isa)
-    raise ValueError(f"unknown search strategy {plan.search!r}")  # the recipe schema admits no other
+        prior = cost_model if isinstance(cost_model, TransferCostModel) else None
+        strategy = DraftVerifySearch(plan.hardware, plan.device, plan.isa, counts=counts, prior=prior)
+    else:
+        raise ValueError(f"unknown search strategy {plan.search!r}")  # the recipe schema admits no other
+    if stats is None:
+        return strategy
+    return SeededSearch(strategy, plan.siblings.seeds, stats)
 
 
-def _cost_model(plan: TuningPlan, store: RecordStore):
-    """TVM's XGBModel for the stock search; draft-verify's ranking model, kept with the records."""
-    if plan.search == "draft-verify":
-        return RankingCostModel(num_threads=plan.cores, path=store.directory / "cost_model.npz")
+def _transfers(plan: TuningPlan) -> bool:
+    return plan.transfer != "off" and plan.siblings is not None and not plan.siblings.empty
+
+
+def _cost_model(plan: TuningPlan, store: RecordStore, stats: TransferStats | None):
+    """TVM's XGBModel for the stock search; draft-verify's ranking model, kept with the records.
+
+    With siblings, either search uses the transferred ranking model: its prior and its own
+    measurements both train rankers, and a ranker's scores are all a search needs.
+    """
+    if plan.search == "draft-verify" or stats is not None:
+        local = RankingCostModel(num_threads=plan.cores, path=store.directory / "cost_model.npz")
+        if stats is None:
+            return local
+        return TransferCostModel(local, plan.siblings, plan.transfer, stats)
     return ms.cost_model.XGBModel(
         extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True, num_tuning_cores=plan.cores
     )
@@ -178,16 +201,22 @@ def tune(
     store: RecordStore,
     plan: TuningPlan,
     progress: ProgressFn | None = None,
+    logs_dir: Path | None = None,
 ) -> TuningResult:
-    """Measure what is still missing for each task; the store keeps every committed record."""
+    """Measure what is still missing for each task; the store keeps every committed record.
+
+    `logs_dir`: where MetaSchedule writes its logs (default: beside the store).
+    """
     started = time.monotonic()
     result = TuningResult()
+    if _transfers(plan):
+        result.transfer = TransferStats(plan.siblings.sources, plan.transfer, plan.siblings.records_used)
     counts = store.measured_counts()
     pending = [(t, counts[_key(t)]) for t in tasks]
     with _stop_requests() as stop:
         if any(plan.trials_per_task > done for _, done in pending):
             builder, runner = _measurers(plan, stop)
-            cost_model = _cost_model(plan, store)
+            cost_model = _cost_model(plan, store, result.transfer)
         result.tasks = [TaskOutcome(t.name, t.weight, t.flops, done, 0, None) for t, done in pending]
         for cap in _passes(plan):
             for index, ((task, done), outcome) in enumerate(zip(pending, result.tasks), start=1):
@@ -199,7 +228,8 @@ def tune(
                     continue
                 try:
                     _tune_one(task, index, len(tasks), missing, target, store, plan, builder, runner, cost_model,
-                              outcome, progress, started, stop)
+                              outcome, progress, started, stop, logs_dir or store.directory / "logs",
+                              result.transfer)
                 except Exception:  # the stop request comes back through TVM's C++ loop, maybe re-wrapped
                     if not stop.is_set():
                         raise
@@ -240,7 +270,7 @@ def _key(task: TuningTask) -> int:
 
 
 def _tune_one(task, index, total, trials, target, store, plan, builder, runner, cost_model, outcome, progress,
-              tuning_started, stop):
+              tuning_started, stop, logs_dir, transfer):
     task_started = time.monotonic()
     best = store.best_seconds(task)
 
@@ -266,7 +296,7 @@ def _tune_one(task, index, total, trials, target, store, plan, builder, runner, 
         mod=task.mod,
         target=target,
         space_generator="post-order-apply",
-        search_strategy=_search_strategy(plan),
+        search_strategy=_search_strategy(plan, outcome.search, cost_model, transfer),
         task_name=task.name,
         rand_state=plan.seed + index,
         num_threads=plan.cores,
@@ -275,7 +305,7 @@ def _tune_one(task, index, total, trials, target, store, plan, builder, runner, 
     ms.tune_tasks(
         tasks=[context],
         task_weights=[float(task.weight)],
-        work_dir=str(store.directory.parent / "logs"),
+        work_dir=str(logs_dir),
         max_trials_global=trials,
         max_trials_per_task=trials,
         num_trials_per_iter=min(trials, _MAX_TRIALS_PER_ROUND),

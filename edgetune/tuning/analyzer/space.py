@@ -57,6 +57,22 @@ class UnsupportedSpace(Exception):
 # Decision slots
 
 
+def replay(mod: tvm.IRModule, trace: Trace, postprocs, seed: int) -> Schedule | None:
+    """`trace` applied to `mod` and checked by the target's postprocessors; None if rejected."""
+    sch = Schedule(mod, seed=seed % 2_147_483_646 + 1, debug_mask=0)
+    try:
+        trace.apply_to_schedule(sch, remove_postproc=True)
+        # As MetaSchedule does: the trace marks where postprocessing began, so whoever replays the
+        # measured trace (evolution from the database, a sibling) can drop it and postprocess anew.
+        sch.enter_postproc()
+        for postproc in postprocs:
+            if not postproc.apply(sch):
+                return None
+    except TVM_ERRORS:
+        return None
+    return sch
+
+
 def perfect_tilings(extent: int, parts: int, max_innermost: int) -> np.ndarray:
     """[K, parts] every way to write `extent` as an ordered product (innermost <= max_innermost)."""
     primes = _factorize(extent)
@@ -384,18 +400,7 @@ class SpaceModel:
         """Replay the decisions with TVM and run the postprocessors; None if they reject it."""
         insts = list(self.space.trace.insts)
         decisions = {insts[i]: d for i, d in self.decisions(row).items()}
-        sch = Schedule(mod, seed=seed % 2_147_483_646 + 1, debug_mask=0)
-        try:
-            Trace(insts, decisions).apply_to_schedule(sch, remove_postproc=True)
-        except TVM_ERRORS:
-            return None
-        for postproc in postprocs:
-            try:
-                if not postproc.apply(sch):
-                    return None
-            except TVM_ERRORS:
-                return None
-        return sch
+        return replay(mod, Trace(insts, decisions), postprocs, seed)
 
     # -- nests ------------------------------------------------------------------------------
 

@@ -1,0 +1,216 @@
+"""Kernels: every conv2d and gemm of ../shared/workloads.yaml tuned by edgetune, vs PyTorch CPU, with GFLOPS.
+
+    python benchmarks/kernels.py --trials 64 --json out.json
+    python benchmarks/kernels.py --workloads C2,C6,G1 --trials 32 --prepack --json out.json
+
+Each workload (NCHW fp32 conv2d with padding K//2, or fp32 matmul, built as in
+benchmarks/search_efficiency.py) is tuned with edgetune's own tuning loop (`edgetune.tuning.tune.tune`:
+its builder, runner, search and record store; the store under `--work` is a cache, so a second run with
+the same `--trials` measures nothing and only re-times). The best schedule is then built and timed with
+TVM's time_evaluator, interleaved with torch.nn.functional.conv2d / torch.matmul on the same shapes at the
+same thread count, over `--repeats` rounds.
+
+`--prepack` marks the weight as layout-free (as edgetune's fuse_for_tuning does for every constant weight
+of a model, through relax's AttachAttrLayoutFreeBuffers), so MetaSchedule may rewrite its layout; the
+kernel is timed on the pre-packed weight, as the compiled model runs it (compile_model packs constants at
+compile time). Without it the weight keeps its OIHW (or K x N) layout.
+
+Peak = cores x FLOP/cycle x clock, from edgetune's host profile (FLOP/cycle from the SIMD width it
+detects: 2 FMA units x lanes x 2); the issue's formula (64 FLOP/cycle, AVX-512) is reported beside it.
+"""
+
+from __future__ import annotations
+
+import os
+
+_threads = os.environ.get("KERNELS_THREADS", "2")
+for _name in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
+    os.environ.setdefault(_name, _threads)  # read when the thread pools start: before tvm or torch load
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from search_efficiency import DEFAULT_WORKLOADS, REPO, build_workload, load_workloads
+
+ISSUE_FLOPS_PER_CYCLE = 64
+
+
+def workload_flops(shape: dict[str, int]) -> float:
+    """Multiply-adds x 2 of the conv2d (padding K//2) or matmul."""
+    if {"M", "N", "K"} <= shape.keys():
+        return 2.0 * shape["M"] * shape["N"] * shape["K"]
+    out_h = (shape["H"] + 2 * (shape["K"] // 2) - shape["K"]) // shape["S"] + 1
+    out_w = (shape["W"] + 2 * (shape["K"] // 2) - shape["K"]) // shape["S"] + 1
+    return 2.0 * shape["OC"] * out_h * out_w * shape["IC"] * shape["K"] ** 2
+
+
+def mark_weight_layout_free(mod):
+    """Let MetaSchedule's RewriteLayout pack the weight (argument 1), as it may for a model's constants."""
+    import tvm
+
+    return tvm.IRModule({"main": mod["main"].with_attr("layout_free_buffers", [1])})
+
+
+def tvm_runner(store, mod, target, device) -> Callable[[], None]:
+    """The best record's schedule built as the tuner measured it (weight in its tuned layout), ready to call."""
+    import tvm
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+    from tvm.s_tir.meta_schedule.tir_integration import compile_tir
+
+    from edgetune.tuning.builder import build_candidate
+
+    schedule = compile_tir(store.database, mod, target)
+    if schedule is None:
+        raise SystemExit("no valid record for a tuned workload; raise --trials")
+    library = build_candidate(schedule.mod, target, None)
+    rng = np.random.default_rng(0)
+    args = [tvm.runtime.tensor(rng.standard_normal([int(d) for d in info.shape]).astype(info.dtype), device)
+            for info in ArgInfo.from_entry_func(schedule.mod, remove_preproc=True)]
+    function = library["main"]
+    return lambda: function(*args)
+
+
+def torch_runner(shape: dict[str, int], threads: int) -> Callable[[], Any]:
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    if {"M", "N", "K"} <= shape.keys():
+        a, b = torch.randn(shape["M"], shape["K"]), torch.randn(shape["K"], shape["N"])
+        return lambda: torch.matmul(a, b)
+    x = torch.randn(1, shape["IC"], shape["H"], shape["W"])
+    w = torch.randn(shape["OC"], shape["IC"], shape["K"], shape["K"])
+
+    def conv():
+        with torch.inference_mode():
+            return F.conv2d(x, w, stride=shape["S"], padding=shape["K"] // 2)
+
+    return conv
+
+
+def sample_us(fn: Callable[[], Any], min_s: float) -> list[float]:
+    """Back-to-back calls for at least `min_s` seconds (and 10 calls): each call's microseconds."""
+    samples = []
+    deadline = time.perf_counter() + min_s
+    while len(samples) < 10 or time.perf_counter() < deadline:
+        begin = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - begin) * 1e6)
+    return samples
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default="C1,C2,C3,C4,C5,C6,C7,C8,C9,C10,C11,C12,G1,G2")
+    parser.add_argument("--workloads-file", type=Path, default=DEFAULT_WORKLOADS)
+    parser.add_argument("--trials", type=int, default=64, help="measurements per workload (across runs)")
+    parser.add_argument("--search", choices=("evolutionary", "draft-verify"), default="evolutionary")
+    parser.add_argument("--prepack", action="store_true", help="let the tuner pack the weight (layout-free)")
+    parser.add_argument("--work", type=Path, default=REPO / "build" / "bench-kernels",
+                        help="record stores (one per --prepack setting): reruns resume")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--min-seconds", type=float, default=0.3, help="timing per system per round")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    threads = int(os.environ["TVM_NUM_THREADS"])
+
+    import tvm
+
+    from edgetune.profiles import resolve_profile
+    from edgetune.tuning.records import RecordStore
+    from edgetune.tuning.tasks import TuningTask
+    from edgetune.tuning.tune import TuningPlan, tune
+
+    profile = resolve_profile("host", {"hardware": {"cores": threads}})
+    hw = profile.hardware
+    target = profile.tvm_target()
+    peak = float(hw.peak_gflops)
+    issue_peak = threads * ISSUE_FLOPS_PER_CYCLE * hw.clock_ghz
+    print(f"target {target}; peak {peak:.1f} GFLOPS = {threads} cores x {hw.flops_per_cycle} FLOP/cycle x "
+          f"{hw.clock_ghz} GHz (issue's formula, 64 FLOP/cycle: {issue_peak:.1f})", flush=True)
+
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    workloads = load_workloads(args.workloads_file, names)
+    mods = {n: build_workload(n, s) for n, s in workloads.items()}
+    if args.prepack:
+        mods = {n: mark_weight_layout_free(m) for n, m in mods.items()}
+    tasks = [TuningTask(n, mods[n], 1, workload_flops(s)) for n, s in workloads.items()]
+    store = RecordStore(args.work / ("prepack" if args.prepack else "plain") / "records")
+    plan = TuningPlan(trials_per_task=args.trials, time_budget_s=None, search=args.search, seed=0, cores=threads,
+                      hardware=hw, device=profile.device, isa=profile.isa)
+
+    def progress(p) -> None:
+        best = f"{p.best_us:.0f} us" if p.best_us else "-"
+        print(f"  [{p.elapsed_s:6.0f} s] {p.task}: {p.trials_done}/{p.trials_planned} trials, best {best}", flush=True)
+
+    tuning = tune(tasks, target, store, plan, progress)
+    tuned_s = {t.name: t.tuning_s for t in tuning.tasks}
+
+    device = tvm.cpu(0)
+    report: dict[str, Any] = {
+        "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
+        "target": str(target),
+        "threads": threads,
+        "peak_gflops": peak,
+        "peak_formula": f"{threads} cores x {hw.flops_per_cycle} FLOP/cycle x {hw.clock_ghz} GHz",
+        "issue_peak_gflops": issue_peak,
+        "trials": args.trials,
+        "search": args.search,
+        "prepack": args.prepack,
+        "tuning_wall_s": tuning.wall_s,
+        "workloads": {},
+    }
+    for name, shape in workloads.items():
+        runners = {"edgetune": tvm_runner(store, mods[name], target, device), "torch": torch_runner(shape, threads)}
+        for fn in runners.values():
+            fn()
+        rounds: dict[str, list[float]] = {k: [] for k in runners}
+        best: dict[str, float] = {k: float("inf") for k in runners}
+        for index in range(args.repeats):
+            for system in (runners if index % 2 == 0 else reversed(list(runners))):
+                samples = sample_us(runners[system], args.min_seconds)
+                rounds[system].append(float(np.median(samples)))
+                best[system] = min(best[system], min(samples))
+        ours, theirs = float(np.median(rounds["edgetune"])), float(np.median(rounds["torch"]))
+        flops = workload_flops(shape)
+        entry = {
+            "shape": shape,
+            "gflop": flops / 1e9,
+            "edgetune_us": ours,
+            "torch_us": theirs,
+            "rounds_us": rounds,
+            "speedup_vs_torch": theirs / ours,
+            "best_us": best,  # fastest single call: less sensitive to a busy shared machine than the medians
+            "speedup_vs_torch_best": best["torch"] / best["edgetune"],
+            "gflops": flops / ours / 1e3,
+            "torch_gflops": flops / theirs / 1e3,
+            "fraction_of_peak": flops / ours / 1e3 / peak,
+            "tuned_best_us": next(t.best_us for t in tuning.tasks if t.name == name),
+            "tuning_s_this_run": tuned_s.get(name, 0.0),
+        }
+        report["workloads"][name] = entry
+        print(f"{name}: edgetune {ours:.0f} us ({entry['gflops']:.0f} GFLOPS, {entry['fraction_of_peak']:.0%} of "
+              f"peak), torch {theirs:.0f} us ({entry['torch_gflops']:.0f} GFLOPS); speedup vs torch "
+              f"{entry['speedup_vs_torch']:.2f} [ours {min(rounds['edgetune']):.0f}-{max(rounds['edgetune']):.0f},"
+              f" torch {min(rounds['torch']):.0f}-{max(rounds['torch']):.0f} us]; fastest call {best['edgetune']:.0f} vs "
+              f"{best['torch']:.0f} us ({entry['speedup_vs_torch_best']:.2f})", flush=True)
+    speedups = [w["speedup_vs_torch"] for w in report["workloads"].values()]
+    report["geomean_speedup_vs_torch"] = float(np.exp(np.mean(np.log(speedups))))
+    report["at_least_torch"] = sum(s >= 1.0 for s in speedups)
+    print(f"\ngeomean speedup vs torch {report['geomean_speedup_vs_torch']:.2f}; {report['at_least_torch']} of "
+          f"{len(speedups)} at least as fast as torch; tuning wall {tuning.wall_s:.0f} s", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
