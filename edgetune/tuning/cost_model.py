@@ -203,8 +203,12 @@ class RankingCostModel(PyCostModel):
 _FAILED_RUN_SECONDS = 1e9
 """MetaSchedule records a run that failed as 1e10 seconds."""
 
-def _cost(result: RunnerResult) -> float:
-    if result.error_msg is not None or not result.run_secs:
-        return FAILED
-    mean = float(np.mean([float(s) for s in result.run_secs]))
+def mean_seconds(run_secs) -> float:
+    """Mean measured run time of a record or runner result; FAILED for a failed or missing one."""
+    seconds = [float(s) for s in run_secs or []]
+    mean = sum(seconds) / len(seconds) if seconds else FAILED
     return mean if mean < _FAILED_RUN_SECONDS else FAILED
+
+
+def _cost(result: RunnerResult) -> float:
+    return FAILED if result.error_msg is not None else mean_seconds(result.run_secs)

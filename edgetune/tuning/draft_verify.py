@@ -315,7 +315,7 @@ class DraftVerifySearch(PySearchStrategy):
         self.counts.verified += len(ready)
         if not ready:
             return []
-        drafted = _rank(-np.floor(np.log(np.array([d.latency for d in ready])) / np.log1p(ANALYZER_RESOLUTION)))
+        drafted = rank(-np.floor(np.log(np.array([d.latency for d in ready])) / np.log1p(ANALYZER_RESOLUTION)))
         learned = np.zeros(len(ready))
         if self.cost_model is not None:
             candidates = [MeasureCandidate(d.schedule, ArgInfo.from_entry_func(d.schedule.mod, remove_preproc=True))
@@ -326,7 +326,7 @@ class DraftVerifySearch(PySearchStrategy):
             weight = 1.0  # trained on the siblings' measurements of this task
         if np.ptp(learned) == 0:  # an untrained model scores everything alike
             weight = 0.0
-        scores = drafted + weight * _rank(learned)
+        scores = drafted + weight * rank(learned)
         return list(zip(ready, scores))
 
     def _select(self, scored: list[tuple[_Draft, float]], batch: int) -> list[_Draft]:
@@ -334,7 +334,7 @@ class DraftVerifySearch(PySearchStrategy):
         if not scored:
             return []
         drafts = [d for d, _ in scored]
-        rank = _rank(np.array([s for _, s in scored]))
+        ranked = rank(np.array([s for _, s in scored]))
         explore = round(self.eps_greedy * batch)
         greedy = min(len(drafts), batch - explore)
         seen = [[set(s) for s in space.seen] for space in self.spaces]
@@ -348,7 +348,7 @@ class DraftVerifySearch(PySearchStrategy):
                 if draft.key in taken:
                     continue
                 novelty = 0.5 * _novelty(draft, seen[draft.space]) + 0.5 * max(0.0, 1.0 - share[draft.space])
-                value = rank[i] + DIVERSITY_BONUS * novelty
+                value = ranked[i] + DIVERSITY_BONUS * novelty
                 if value > best_value:
                     best, best_value = i, value
             if best < 0:
@@ -417,7 +417,7 @@ def _key(space: int, row: np.ndarray | None, schedule: Schedule | None = None) -
     return bytes([space]) + b"h" + str(tvm_ffi.structural_hash(schedule.mod)).encode()
 
 
-def _rank(scores: np.ndarray) -> np.ndarray:
+def rank(scores: np.ndarray) -> np.ndarray:
     """Scores as ranks in [0, 1] (1: best; ties share their mean rank), so scorers add up."""
     if len(scores) < 2:
         return np.ones(len(scores))

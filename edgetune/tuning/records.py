@@ -21,9 +21,8 @@ import tvm_ffi
 from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord
 
 from edgetune.errors import InputError
+from edgetune.tuning.cost_model import FAILED, mean_seconds
 from edgetune.tuning.tasks import TuningTask
-
-_FAILED_RUN_SECONDS = 1e9  # MetaSchedule records a failed run as 1e10 s
 
 
 class RecordStore:
@@ -48,9 +47,8 @@ class RecordStore:
             return None
         workload = self.database.commit_workload(task.mod)
         for record in self.database.get_top_k(workload, 1):
-            seconds = [float(s) for s in record.run_secs]
-            mean = sum(seconds) / len(seconds)
-            if mean < _FAILED_RUN_SECONDS:
+            mean = mean_seconds(record.run_secs)
+            if mean < FAILED:
                 return mean
         return None
 
@@ -136,8 +134,8 @@ def import_stores(archive: Path, records_dir: Path) -> list[ImportedStore]:
                 known.add(_record_key(record))
                 added += 1
             if source.log_path.is_file():
-                lines = target.log_path.read_text().splitlines() if target.log_path.is_file() else []
-                new = [line for line in source.log_path.read_text().splitlines() if line not in set(lines)]
+                known_lines = set(target.log_path.read_text().splitlines()) if target.log_path.is_file() else set()
+                new = [line for line in source.log_path.read_text().splitlines() if line not in known_lines]
                 with target.log_path.open("a") as stream:
                     stream.writelines(line + "\n" for line in new)
             if (source_dir / "cost_model.npz").is_file():

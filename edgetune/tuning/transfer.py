@@ -44,7 +44,8 @@ from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate, PySearchSt
 from tvm.s_tir.schedule import Trace
 
 from edgetune.tuning.analyzer.space import replay
-from edgetune.tuning.cost_model import FAILED, Groups, RankingCostModel, task_key, train_ranker
+from edgetune.tuning.cost_model import FAILED, Groups, RankingCostModel, mean_seconds, task_key, train_ranker
+from edgetune.tuning.draft_verify import rank
 from edgetune.tuning.records import RecordStore
 from edgetune.tuning.tasks import TuningTask
 
@@ -98,20 +99,20 @@ def load_sibling_records(siblings: Mapping[str, RecordStore], tasks: list[Tuning
                 continue
             workload = store.database.commit_workload(task.mod)
             records = [r for r in store.database.get_top_k(workload, PRIOR_RECORDS_PER_TASK)
-                       if _seconds(r.run_secs) < FAILED]
+                       if mean_seconds(r.run_secs) < FAILED]
             if not records:
                 continue
             if context is None:
                 context = ms.TuneContext(mod=task.mod, target=target, space_generator="post-order-apply",
                                          search_strategy="evolutionary", num_threads=num_threads)
                 postprocs = list(context.space_generator.postprocs)
-            best = _seconds(records[0].run_secs)
+            best = mean_seconds(records[0].run_secs)
             schedules, costs = [], []
             for i, record in enumerate(records):
                 schedule = replay(task.mod, record.trace, postprocs, seed=i + 1)
                 if schedule is not None:
                     schedules.append(schedule)
-                    costs.append(_seconds(record.run_secs))
+                    costs.append(mean_seconds(record.run_secs))
                     ranked.append((costs[-1] / best, record.trace))
             if schedules:
                 rows = featurizer.features(context, [measure_candidate(s) for s in schedules])
@@ -120,12 +121,6 @@ def load_sibling_records(siblings: Mapping[str, RecordStore], tasks: list[Tuning
         ranked.sort(key=lambda pair: pair[0])
         result.seeds[tvm_ffi.structural_hash(task.mod)] = [trace for _, trace in ranked[:SEEDS_PER_TASK]]
     return result
-
-
-def _seconds(run_secs) -> float:
-    seconds = [float(s) for s in run_secs]
-    mean = sum(seconds) / len(seconds) if seconds else FAILED
-    return mean if mean < 1e9 else FAILED
 
 
 @dataclass
@@ -238,16 +233,10 @@ def _margin(booster, rows: np.ndarray) -> np.ndarray:
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
     """Rank correlation; 0 when either side is constant (no order to agree with)."""
-    ra, rb = _ranks(a), _ranks(b)
+    ra, rb = rank(a), rank(b)
     if np.ptp(ra) == 0 or np.ptp(rb) == 0:
         return 0.0
     return float(np.corrcoef(ra, rb)[0, 1])
-
-
-def _ranks(values: np.ndarray) -> np.ndarray:
-    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    return (starts + (counts - 1) / 2.0)[inverse]
 
 
 @derived_object
@@ -299,7 +288,7 @@ class SeededSearch(PySearchStrategy):
             return
         self.seeding = False
         self.stats.seeds_measured += len(results)
-        seconds = [_seconds(r.run_secs) for r in results if r.error_msg is None and r.run_secs]
+        seconds = [mean_seconds(r.run_secs) for r in results if r.error_msg is None and r.run_secs]
         if seconds and min(seconds) < FAILED:
             self.stats.seed_best[str(self.context.task_name)] = min(seconds)
 
