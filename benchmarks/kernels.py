@@ -2,8 +2,10 @@
 
     python benchmarks/kernels.py --trials 64 --json out.json
     python benchmarks/kernels.py --workloads C2,C6,G1 --trials 32 --prepack --json out.json
+    python benchmarks/kernels.py --workloads C2,C6,C9 --trials 32 --prepack --layout NCHW --json nchw.json
 
-Each workload (NCHW fp32 conv2d with padding K//2, or fp32 matmul, built as in
+Each workload (fp32 conv2d with padding K//2, channels-last as edgetune compiles convolutions for
+CPUs, or NCHW as models are imported with `--layout NCHW`; or an fp32 matmul, built as in
 benchmarks/search_efficiency.py) is tuned with edgetune's own tuning loop (`edgetune.tuning.tune.tune`:
 its builder, runner, search and record store; the store under `--work` is a cache, so a second run with
 the same `--trials` measures nothing and only re-times). The best schedule is then built and timed with
@@ -13,7 +15,7 @@ same thread count, over `--repeats` rounds.
 `--prepack` marks the weight as layout-free (as edgetune's fuse_for_tuning does for every constant weight
 of a model, through relax's AttachAttrLayoutFreeBuffers), so MetaSchedule may rewrite its layout; the
 kernel is timed on the pre-packed weight, as the compiled model runs it (compile_model packs constants at
-compile time). Without it the weight keeps its OIHW (or K x N) layout.
+compile time). Without it the weight keeps its layout (HWIO, OIHW, or K x N).
 
 Peak = cores x FLOP/cycle x clock, from edgetune's host profile (FLOP/cycle from the SIMD width it
 detects: 2 FMA units x lanes x 2); the issue's formula (64 FLOP/cycle, AVX-512) is reported beside it.
@@ -114,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=64, help="measurements per workload (across runs)")
     parser.add_argument("--search", choices=("evolutionary", "draft-verify"), default="evolutionary")
     parser.add_argument("--prepack", action="store_true", help="let the tuner pack the weight (layout-free)")
+    parser.add_argument("--layout", choices=("NHWC", "NCHW"), default="NHWC",
+                        help="conv2d data layout (NHWC/HWIO: what edgetune tunes on CPU targets)")
     parser.add_argument("--work", type=Path, default=REPO / "build" / "bench-kernels",
                         help="record stores (one per --prepack setting): reruns resume")
     parser.add_argument("--repeats", type=int, default=3)
@@ -139,11 +143,12 @@ def main(argv: list[str] | None = None) -> int:
 
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     workloads = load_workloads(args.workloads_file, names)
-    mods = {n: build_workload(n, s) for n, s in workloads.items()}
+    mods = {n: build_workload(n, s, args.layout) for n, s in workloads.items()}
     if args.prepack:
         mods = {n: mark_weight_layout_free(m) for n, m in mods.items()}
     tasks = [TuningTask(n, mods[n], 1, workload_flops(s)) for n, s in workloads.items()]
-    store = RecordStore(args.work / ("prepack" if args.prepack else "plain") / "records")
+    variant = ("prepack" if args.prepack else "plain") + ("-nchw" if args.layout == "NCHW" else "")
+    store = RecordStore(args.work / variant / "records")
     plan = TuningPlan(trials_per_task=args.trials, time_budget_s=None, search=args.search, seed=0, cores=threads,
                       hardware=hw, device=profile.device, isa=profile.isa)
 
@@ -165,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         "trials": args.trials,
         "search": args.search,
         "prepack": args.prepack,
+        "layout": args.layout,
         "tuning_wall_s": tuning.wall_s,
         "workloads": {},
     }

@@ -71,8 +71,8 @@ def load_workloads(path: Path, names: list[str]) -> dict[str, dict[str, int]]:
     return {n: table[n] for n in names}
 
 
-def build_workload(name: str, shape: dict[str, int]):
-    """The kernel as a TIR module: NCHW fp32 conv2d (padding K//2) or an fp32 matmul."""
+def build_workload(name: str, shape: dict[str, int], layout: str = "NCHW"):
+    """The kernel as a TIR module: fp32 conv2d (padding K//2; NCHW/OIHW or NHWC/HWIO) or an fp32 matmul."""
     import tvm
     from tvm import te, topi
 
@@ -82,9 +82,14 @@ def build_workload(name: str, shape: dict[str, int]):
         k = te.reduce_axis((0, shape["K"]), name="k")
         c = te.compute((shape["M"], shape["N"]), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
         return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
-    data = te.placeholder((1, shape["IC"], shape["H"], shape["W"]), name="data")
-    weight = te.placeholder((shape["OC"], shape["IC"], shape["K"], shape["K"]), name="weight")
-    out = topi.nn.conv2d_nchw(data, weight, shape["S"], shape["K"] // 2, 1)
+    if layout == "NHWC":
+        data = te.placeholder((1, shape["H"], shape["W"], shape["IC"]), name="data")
+        weight = te.placeholder((shape["K"], shape["K"], shape["IC"], shape["OC"]), name="weight")
+        out = topi.nn.conv2d_nhwc(data, weight, shape["S"], shape["K"] // 2, 1)
+    else:
+        data = te.placeholder((1, shape["IC"], shape["H"], shape["W"]), name="data")
+        weight = te.placeholder((shape["OC"], shape["IC"], shape["K"], shape["K"]), name="weight")
+        out = topi.nn.conv2d_nchw(data, weight, shape["S"], shape["K"] // 2, 1)
     return tvm.IRModule({"main": te.create_prim_func([data, weight, out])})
 
 

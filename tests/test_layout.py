@@ -1,0 +1,89 @@
+"""Convolutions are tuned and compiled channels-last on CPU targets (any ISA), as imported on GPUs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgetune.frontend.onnx import fuse_for_tuning, load_model, to_relax
+from edgetune.profiles import resolve_profile
+from edgetune.tuning.tasks import extract_tasks
+
+
+def _mobile_block(path: Path) -> Path:
+    """conv 3->8, ReLU6 (Clip with initializer bounds), depthwise conv, ReLU6, pooled: a MobileNet block."""
+    rng = np.random.default_rng(0)
+
+    def init(name: str, array: np.ndarray) -> onnx.TensorProto:
+        return numpy_helper.from_array(array.astype(np.float32), name)
+
+    initializers = [
+        init("w1", rng.standard_normal((8, 3, 3, 3)) * 0.3), init("b1", rng.standard_normal(8) * 0.1),
+        init("w2", rng.standard_normal((8, 1, 3, 3)) * 0.3), init("b2", rng.standard_normal(8) * 0.1),
+        init("lo", np.array(0.0)), init("hi", np.array(6.0)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["data", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Clip", ["c1", "lo", "hi"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2], group=8),
+        helper.make_node("Clip", ["c2", "lo", "hi"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["logits"]),
+    ]
+    graph = helper.make_graph(nodes, "mobile_block",
+                              [helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 3, 16, 20])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 8])], initializers)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def block(tmp_path_factory):
+    return load_model(zoo=None, onnx_path=_mobile_block(tmp_path_factory.mktemp("layout") / "block.onnx"),
+                      input_shapes=None)
+
+
+def _conv_inputs(target, model) -> list[tuple[str, tuple[int, ...]]]:
+    """Each conv task's name and the shape of its first argument (the activation)."""
+    tasks = extract_tasks(fuse_for_tuning(to_relax(model), target), target)
+    shapes = []
+    for task in tasks:
+        if "conv2d" in task.name:
+            func = task.mod["main"]
+            shapes.append((task.name, tuple(int(d) for d in func.params[0].shape)))
+    return shapes
+
+
+@pytest.mark.parametrize("profile", ["host", "raspberry-pi-4"])
+def test_cpu_targets_tune_convolutions_channels_last_with_relu6_fused(block, profile) -> None:
+    target = resolve_profile(profile, None).tvm_target()
+    convs = _conv_inputs(target, block)
+    assert sorted(shape for _, shape in convs) == [(1, 16, 20, 3), (1, 16, 20, 8)]  # N, H, W, C
+    names = [t.name for t in extract_tasks(fuse_for_tuning(to_relax(block), target), target)]
+    # ReLU6 is fused into its convolution: no kernel of its own, no transposes around it
+    assert not [n for n in names if "maximum" in n and "conv2d" not in n], names
+    assert all("maximum" in name and "minimum" in name for name, _ in convs), convs
+
+
+def test_gpu_targets_keep_the_imported_layout(block) -> None:
+    target = resolve_profile("a100", None).tvm_target()
+    assert sorted(shape for _, shape in _conv_inputs(target, block)) == [(1, 3, 16, 20), (1, 8, 16, 20)]
+
+
+def test_channels_last_model_computes_what_onnx_runtime_does(block) -> None:
+    import tvm
+
+    from edgetune.compile import compile_model, run
+    from edgetune.reference import ReferenceRuntime
+
+    target = resolve_profile("host", None).tvm_target()
+    x = block.sample_inputs()
+    x["data"] = x["data"] * 8  # reach both clip bounds
+    vm = tvm.relax.VirtualMachine(compile_model(to_relax(block), target, None), tvm.cpu())
+    ours = run(vm, [x["data"]], tvm.cpu())[0]
+    expected = ReferenceRuntime(block)._session(1).run(None, x)[0]
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
