@@ -155,8 +155,14 @@ def _lift_clips(mod):
     from tvm import relax, te, topi
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
+    mod = relax.transform.FoldConstant()(mod)  # the importer's NaN-guarded bounds become constants
     call_tir = tvm.ir.Op.get("relax.call_tir")
     ops = ((topi.maximum, relax.op.maximum), (topi.minimum, relax.op.minimum))
+
+    def as_scalar(bound):
+        """A one-element constant bound as a scalar: layout conversion passes scalars through, not (1,)."""
+        value = bound.value.numpy() if isinstance(bound, tvm.ir.GenericConst) else None
+        return bound if value is None or value.shape != (1,) else relax.const(value.reshape(()), str(value.dtype))
 
     @mutator
     class Lift(PyExprMutator):
@@ -172,15 +178,9 @@ def _lift_clips(mod):
             for topi_op, relax_op in ops:
                 expected = te.create_prim_func([*operands, topi_op(*operands)]).without_attr("global_symbol")
                 if tvm_ffi.structural_equal(callee, expected, map_free_vars=True):
-                    return relax_op(args[0], _as_scalar(args[1]))
+                    return relax_op(args[0], as_scalar(args[1]))
             return call
 
-    def _as_scalar(bound):
-        """A one-element constant bound as a scalar: layout conversion passes scalars through, not (1,)."""
-        value = bound.value.numpy() if isinstance(bound, tvm.ir.GenericConst) else None
-        return bound if value is None or value.shape != (1,) else relax.const(value.reshape(()), str(value.dtype))
-
-    mod = relax.transform.FoldConstant()(mod)  # the importer's NaN-guarded bounds become constants
     lifted = tvm.IRModule(mod.functions, attrs=mod.attrs)
     for gvar, function in mod.functions.items():
         if isinstance(function, relax.Function):
