@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import interleaved_rounds
 
 
 def recipe_text(name: str, model: str, threads: int, trials: int, budget_min: float | None, search: str,
@@ -156,37 +158,22 @@ def kernel_profile(vm, args: list, runs: int) -> list[dict[str, Any]]:
             for k, v in sorted(totals.items(), key=lambda kv: -kv[1])]
 
 
-def sample_ms(fn: Callable[[], Any], min_s: float) -> list[float]:
-    """Back-to-back calls for at least `min_s` seconds (and at least 5 calls): each call's milliseconds."""
-    samples = []
-    deadline = time.perf_counter() + min_s
-    while len(samples) < 5 or time.perf_counter() < deadline:
-        begin = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - begin) * 1e3)
-    return samples
-
-
 def time_side_by_side(runners: dict[str, Callable[[], Any]], repeats: int, min_s: float) -> dict[str, dict]:
-    """Each system's median per round, rounds interleaved; median over rounds, with min and max.
+    """Each system's median per round, rounds interleaved; median over rounds, with min and max, in ms.
 
     `best_ms` (the fastest single call) is less sensitive than the medians to other work on a shared machine.
     """
-    rounds: dict[str, list[float]] = {name: [] for name in runners}
-    best = {name: float("inf") for name in runners}
-    for fn in runners.values():
-        fn()  # warm-up: allocation, first-call compilation, thread pools
-    for index in range(repeats):
-        order = list(runners) if index % 2 == 0 else list(reversed(runners))
-        for name in order:
-            samples = sample_ms(runners[name], min_s)
-            rounds[name].append(float(np.median(samples)))
-            best[name] = min(best[name], min(samples))
-        print("  round " + str(index + 1) + ": " + ", ".join(f"{n} {rounds[n][-1]:.2f} ms" for n in runners),
+    def report_round(index: int, rounds: dict[str, list[float]]) -> None:
+        print(f"  round {index + 1}: " + ", ".join(f"{n} {v[-1] * 1e3:.2f} ms" for n, v in rounds.items()),
               flush=True)
-    return {name: {"median_ms": float(np.median(v)), "min_ms": min(v), "max_ms": max(v), "best_ms": best[name],
-                   "rounds_ms": v}
-            for name, v in rounds.items()}
+
+    rounds, best = interleaved_rounds(runners, repeats, min_s, min_calls=5, on_round=report_round)
+    result = {}
+    for name, seconds in rounds.items():
+        v = [s * 1e3 for s in seconds]
+        result[name] = {"median_ms": float(np.median(v)), "min_ms": min(v), "max_ms": max(v),
+                        "best_ms": best[name] * 1e3, "rounds_ms": v}
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,6 @@ for _name in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from search_efficiency import DEFAULT_WORKLOADS, REPO, build_workload, load_workloads
+from timing import interleaved_rounds
 
 ISSUE_FLOPS_PER_CYCLE = 64
 
@@ -96,17 +96,6 @@ def torch_runner(shape: dict[str, int], threads: int) -> Callable[[], Any]:
             return F.conv2d(x, w, stride=shape["S"], padding=shape["K"] // 2)
 
     return conv
-
-
-def sample_us(fn: Callable[[], Any], min_s: float) -> list[float]:
-    """Back-to-back calls for at least `min_s` seconds (and 10 calls): each call's microseconds."""
-    samples = []
-    deadline = time.perf_counter() + min_s
-    while len(samples) < 10 or time.perf_counter() < deadline:
-        begin = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - begin) * 1e6)
-    return samples
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,15 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name, shape in workloads.items():
         runners = {"edgetune": tvm_runner(store, mods[name], target, device), "torch": torch_runner(shape, threads)}
-        for fn in runners.values():
-            fn()
-        rounds: dict[str, list[float]] = {k: [] for k in runners}
-        best: dict[str, float] = {k: float("inf") for k in runners}
-        for index in range(args.repeats):
-            for system in (runners if index % 2 == 0 else reversed(list(runners))):
-                samples = sample_us(runners[system], args.min_seconds)
-                rounds[system].append(float(np.median(samples)))
-                best[system] = min(best[system], min(samples))
+        seconds, fastest = interleaved_rounds(runners, args.repeats, args.min_seconds, min_calls=10)
+        rounds = {k: [s * 1e6 for s in v] for k, v in seconds.items()}
+        best = {k: s * 1e6 for k, s in fastest.items()}
         ours, theirs = float(np.median(rounds["edgetune"])), float(np.median(rounds["torch"]))
         flops = workload_flops(shape)
         entry = {

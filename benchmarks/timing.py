@@ -1,0 +1,47 @@
+"""Side-by-side timing shared by the benchmarks: the compared systems take turns over rounds, so the
+drifts of a shared machine hit all of them, and each round's median and the fastest call are kept."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def sample_calls(fn: Callable[[], Any], min_s: float, min_calls: int) -> list[float]:
+    """Back-to-back calls for at least `min_s` seconds and `min_calls` calls: each call's seconds."""
+    samples = []
+    deadline = time.perf_counter() + min_s
+    while len(samples) < min_calls or time.perf_counter() < deadline:
+        begin = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - begin)
+    return samples
+
+
+def interleaved_rounds(
+    runners: dict[str, Callable[[], Any]],
+    repeats: int,
+    min_s: float,
+    min_calls: int,
+    on_round: Callable[[int, dict[str, list[float]]], None] | None = None,
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Each system's median call per round and its fastest single call, in seconds.
+
+    One warm-up call each first (allocation, first-call compilation, thread pools); the order of the
+    systems is reversed every other round. `on_round(index, rounds so far)` after each round.
+    """
+    rounds: dict[str, list[float]] = {name: [] for name in runners}
+    best = {name: float("inf") for name in runners}
+    for fn in runners.values():
+        fn()
+    for index in range(repeats):
+        for name in (list(runners) if index % 2 == 0 else list(reversed(runners))):
+            samples = sample_calls(runners[name], min_s, min_calls)
+            rounds[name].append(float(np.median(samples)))
+            best[name] = min(best[name], min(samples))
+        if on_round:
+            on_round(index, rounds)
+    return rounds, best
