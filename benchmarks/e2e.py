@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=("resnet18", "mobilenet_v2"), default="resnet18")
     parser.add_argument("--budget-min", type=float, default=60.0, help="tuning time budget (checked between tasks)")
-    parser.add_argument("--trials-per-task", type=int, default=64, help="trial cap per task within the budget")
+    parser.add_argument("--trials-per-task", type=int, default=512, help="trial cap per task within the budget")
     parser.add_argument("--search", choices=("evolutionary", "draft-verify"), default="evolutionary")
     parser.add_argument("--output", type=Path, default=REPO / "build" / "bench-e2e")
     parser.add_argument("--reuse", type=Path, help="a build's <output>/<recipe> directory: compile with its records")

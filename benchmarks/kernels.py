@@ -54,6 +54,13 @@ def workload_flops(shape: dict[str, int]) -> float:
     return 2.0 * shape["OC"] * out_h * out_w * shape["IC"] * shape["K"] ** 2
 
 
+def winograd_tile(policy, shape: dict[str, int], layout: str) -> int | None:
+    """The Winograd tile edgetune's policy gives this workload (None: a direct convolution or a GEMM)."""
+    if policy is None or layout != "NHWC" or "IC" not in shape or (shape["K"], shape["S"]) != (3, 1):
+        return None
+    return policy.tile(1, shape["H"], shape["W"], shape["IC"], shape["OC"])
+
+
 def mark_weight_layout_free(mod):
     """Let MetaSchedule's RewriteLayout pack the weight (argument 1), as it may for a model's constants."""
     import tvm
@@ -107,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prepack", action="store_true", help="let the tuner pack the weight (layout-free)")
     parser.add_argument("--layout", choices=("NHWC", "NCHW"), default="NHWC",
                         help="conv2d data layout (NHWC/HWIO: what edgetune tunes on CPU targets)")
+    parser.add_argument("--winograd", action="store_true",
+                        help="3x3 stride-1 NHWC convolutions by Winograd where edgetune's policy for this "
+                             "machine's profile picks it, with the tile it picks (as edgetune compiles them)")
     parser.add_argument("--work", type=Path, default=REPO / "build" / "bench-kernels",
                         help="record stores (one per --prepack setting): reruns resume")
     parser.add_argument("--repeats", type=int, default=3)
@@ -117,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import tvm
 
+    from edgetune.frontend.winograd import WinogradPolicy
     from edgetune.profiles import resolve_profile
     from edgetune.tuning.records import RecordStore
     from edgetune.tuning.tasks import TuningTask
@@ -132,11 +143,14 @@ def main(argv: list[str] | None = None) -> int:
 
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     workloads = load_workloads(args.workloads_file, names)
-    mods = {n: build_workload(n, s, args.layout) for n, s in workloads.items()}
+    policy = WinogradPolicy(float(hw.peak_gflops), hw.memory_bandwidth_gbs) if args.winograd else None
+    tiles = {n: winograd_tile(policy, s, args.layout) for n, s in workloads.items()}
+    mods = {n: build_workload(n, s, args.layout, tiles[n]) for n, s in workloads.items()}
     if args.prepack:
         mods = {n: mark_weight_layout_free(m) for n, m in mods.items()}
     tasks = [TuningTask(n, mods[n], 1, workload_flops(s)) for n, s in workloads.items()]
-    variant = ("prepack" if args.prepack else "plain") + ("-nchw" if args.layout == "NCHW" else "")
+    variant = (("prepack" if args.prepack else "plain") + ("-nchw" if args.layout == "NCHW" else "")
+               + ("-winograd" if args.winograd else ""))
     store = RecordStore(args.work / variant / "records")
     plan = TuningPlan(trials_per_task=args.trials, time_budget_s=None, search=args.search, seed=0, cores=threads,
                       hardware=hw, device=profile.device, isa=profile.isa)
@@ -160,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         "search": args.search,
         "prepack": args.prepack,
         "layout": args.layout,
+        "winograd": args.winograd,
         "tuning_wall_s": tuning.wall_s,
         "workloads": {},
     }
@@ -182,11 +197,13 @@ def main(argv: list[str] | None = None) -> int:
             "gflops": flops / ours / 1e3,
             "torch_gflops": flops / theirs / 1e3,
             "fraction_of_peak": flops / ours / 1e3 / peak,
+            "winograd_tile": tiles[name],
             "tuned_best_us": next(t.best_us for t in tuning.tasks if t.name == name),
             "tuning_s_this_run": tuned_s.get(name, 0.0),
         }
         report["workloads"][name] = entry
-        print(f"{name}: edgetune {ours:.0f} us ({entry['gflops']:.0f} GFLOPS, {entry['fraction_of_peak']:.0%} of "
+        algorithm = f" (winograd F({tiles[name]}x{tiles[name]},3x3))" if tiles[name] else ""
+        print(f"{name}{algorithm}: edgetune {ours:.0f} us ({entry['gflops']:.0f} GFLOPS, {entry['fraction_of_peak']:.0%} of "
               f"peak), torch {theirs:.0f} us ({entry['torch_gflops']:.0f} GFLOPS); speedup vs torch "
               f"{entry['speedup_vs_torch']:.2f} [ours {min(rounds['edgetune']):.0f}-{max(rounds['edgetune']):.0f},"
               f" torch {min(rounds['torch']):.0f}-{max(rounds['torch']):.0f} us]; fastest call {best['edgetune']:.0f} vs "

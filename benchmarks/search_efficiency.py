@@ -71,8 +71,13 @@ def load_workloads(path: Path, names: list[str]) -> dict[str, dict[str, int]]:
     return {n: table[n] for n in names}
 
 
-def build_workload(name: str, shape: dict[str, int], layout: str = "NCHW"):
-    """The kernel as a TIR module: fp32 conv2d (padding K//2; NCHW/OIHW or NHWC/HWIO) or an fp32 matmul."""
+def build_workload(name: str, shape: dict[str, int], layout: str = "NCHW", winograd_tile: int | None = None):
+    """The kernel as a TIR module: fp32 conv2d (padding K//2; NCHW/OIHW or NHWC/HWIO) or an fp32 matmul.
+
+    `winograd_tile` m: a 3x3 stride-1 NHWC conv2d by F(m x m, 3x3) as edgetune compiles it for CPUs
+    (edgetune.frontend.winograd), on weights already transformed (edgetune transforms the constant
+    weights at compile time).
+    """
     import tvm
     from tvm import te, topi
 
@@ -82,7 +87,14 @@ def build_workload(name: str, shape: dict[str, int], layout: str = "NCHW"):
         k = te.reduce_axis((0, shape["K"]), name="k")
         c = te.compute((shape["M"], shape["N"]), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
         return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
-    if layout == "NHWC":
+    if winograd_tile and layout == "NHWC" and shape["K"] == 3 and shape["S"] == 1:
+        from edgetune.frontend.winograd import winograd_conv2d_nhwc
+
+        alpha = winograd_tile + 2
+        data = te.placeholder((1, shape["H"], shape["W"], shape["IC"]), name="data")
+        weight = te.placeholder((alpha, alpha, shape["OC"], shape["IC"]), name="weight")
+        out = winograd_conv2d_nhwc(data, weight, 1, "float32")
+    elif layout == "NHWC":
         data = te.placeholder((1, shape["H"], shape["W"], shape["IC"]), name="data")
         weight = te.placeholder((shape["K"], shape["K"], shape["IC"], shape["OC"]), name="weight")
         out = topi.nn.conv2d_nhwc(data, weight, shape["S"], shape["K"] // 2, 1)

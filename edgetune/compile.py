@@ -9,15 +9,18 @@ import tvm
 from tvm import relax
 from tvm.s_tir.meta_schedule.database import Database, MemoryDatabase
 
+from edgetune.frontend.winograd import WinogradPolicy
 
-def compile_model(mod: tvm.IRModule, target: tvm.target.Target, database: Database | None):
+
+def compile_model(mod: tvm.IRModule, target: tvm.target.Target, database: Database | None,
+                  winograd: WinogradPolicy | None = None):
     """Build with the database's best schedule per kernel; kernels it lacks stay unscheduled.
 
     The kernels are fused exactly as `fuse_for_tuning` fused them for task extraction, so the tuned
     workloads are found. Where a tuned schedule packs a weight into its own layout (MetaSchedule's
     RewriteLayout, on buffers marked layout-free), the packing is split out of the kernel and folded
     into the constant here, at compile time, instead of running on every call. With no database this
-    is the untuned baseline, built by the very same pipeline.
+    is the untuned baseline, built by the very same pipeline. `winograd` as in `fuse_for_tuning`.
     """
     from tvm.relax import pipeline
     from tvm.s_tir import dlight
@@ -30,7 +33,7 @@ def compile_model(mod: tvm.IRModule, target: tvm.target.Target, database: Databa
     @tvm.transform.module_pass(opt_level=3)
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         mod = tvm.transform.Sequential(pipeline.library_dispatch_passes(target))(mod)
-        mod = relax.transform.MetaScheduleApplyDatabase()(fuse_for_tuning(mod, target))
+        mod = relax.transform.MetaScheduleApplyDatabase()(fuse_for_tuning(mod, target, winograd))
         prepack = [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()]
         mod = tvm.transform.Sequential(prepack)(mod)  # each weight packed once, here
         if is_gpu:  # untuned GPU kernels need at least thread bindings

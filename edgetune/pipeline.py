@@ -28,6 +28,7 @@ from edgetune.errors import BuildError, EdgetuneError, InputError
 from edgetune.fleet.endpoints import RemoteDevice, remote_device
 from edgetune.fleet.tracker import require_servers
 from edgetune.frontend.onnx import LoadedModel, fuse_for_tuning, load_model, to_relax
+from edgetune.frontend.winograd import WinogradPolicy
 from edgetune.package.artifact import sha256_file, write_artifact_files, write_manifest
 from edgetune.package.deploy import build_program, missing_runner_hint, runner_for, stage_runtime
 from edgetune.package.runtime import runtime_files
@@ -248,6 +249,7 @@ def _build_target(
             "records its store already holds"
         )
     tvm_target = profile.tvm_target()
+    winograd = winograd_policy(recipe, profile)
     root = recipe.output_dir / recipe.name
     work = root / "work" / target.name
     result = _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, remote, sibling_stores, work)
@@ -265,7 +267,7 @@ def _build_target(
     from edgetune.compile import compile_model, export_library
 
     work.mkdir(parents=True, exist_ok=True)
-    executable = compile_model(relax_mod, tvm_target, store.database)
+    executable = compile_model(relax_mod, tvm_target, store.database, winograd)
     cuda_kernels = _precompile_kernels(executable, profile, toolchain)
     library = export_library(executable, work / "model.so", toolchain.fcompile())
     samples = model.sample_inputs()
@@ -274,10 +276,12 @@ def _build_target(
     measured_on = _measured_on(profile) if measured_here else remote.where if remote else None
     if measured_here:
         emit(Event(target.name, "timing tuned, untuned and ONNX Runtime"))
-        latency = _measure(relax_mod, tvm_target, library, model, samples, reference, profile, work)
+        latency = _measure(relax_mod, tvm_target, library, model, samples, reference, profile, work,
+                           winograd)
     elif remote is not None:
         emit(Event(target.name, f"timing tuned and untuned on the device ({remote.where})"))
-        latency = _measure_remote(relax_mod, tvm_target, library, model, samples, toolchain, remote, work)
+        latency = _measure_remote(relax_mod, tvm_target, library, model, samples, toolchain, remote, work,
+                                  winograd)
 
     context = _template_context(recipe, target, profile, toolchain, model, latency, measured_on)
     write_artifact_files(artifact_dir, library=library, sample_inputs=samples, reference_outputs=expected,
@@ -315,6 +319,7 @@ def _build_target(
             "trials_per_task": recipe.tuning.trials_per_task,
             "time_budget_min": recipe.tuning.time_budget_min,
             "seed": recipe.tuning.seed,
+            "winograd": recipe.tuning.winograd,
             "tasks_total": result.tasks_total,
             "trials_total": result.trials_total,
             "tasks": result.tasks,
@@ -344,7 +349,7 @@ def _build_target(
 def _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, remote, sibling_stores,
                  work) -> TargetResult:
     emit(Event(target.name, f"extracting tasks for {profile.name} ({_describe_target(profile)})"))
-    tasks = extract_tasks(fuse_for_tuning(relax_mod, tvm_target), tvm_target)
+    tasks = extract_tasks(fuse_for_tuning(relax_mod, tvm_target, winograd_policy(recipe, profile)), tvm_target)
     tuned_tasks = tasks[: recipe.tuning.max_tasks] if recipe.tuning.max_tasks else tasks
     trials = recipe.tuning.trials_per_task
     siblings = None
@@ -398,6 +403,13 @@ def _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, re
     )
 
 
+def winograd_policy(recipe: Recipe, profile: DeviceProfile) -> WinogradPolicy | None:
+    """The device's Winograd choices (tuning.winograd), from its profile's peak and bandwidth."""
+    if not recipe.tuning.winograd:
+        return None
+    return WinogradPolicy(profile.hardware.peak_gflops, profile.hardware.memory_bandwidth_gbs)
+
+
 def _display_store(directory: Path, build_dir: Path) -> str:
     """The store's path relative to the build directory when inside it, so a moved build still finds it."""
     return str(directory.relative_to(build_dir)) if directory.is_relative_to(build_dir) else str(directory)
@@ -426,7 +438,8 @@ def _transfer_summary(tuning: TuningResult, sibling_stores: dict, mode: str) -> 
     }
 
 
-def _measure(relax_mod, tvm_target, library, model, samples, reference, profile, work) -> dict[str, float]:
+def _measure(relax_mod, tvm_target, library, model, samples, reference, profile, work,
+             winograd: WinogradPolicy | None) -> dict[str, float]:
     """Latency of the packaged library, of the same model untuned, and of ONNX Runtime, on this machine."""
     import tvm
 
@@ -434,7 +447,7 @@ def _measure(relax_mod, tvm_target, library, model, samples, reference, profile,
 
     device = tvm.device(profile.device, 0)
     sample_list = [samples[i.name] for i in model.inputs]
-    untuned = export_library(compile_model(relax_mod, tvm_target, None), work / "untuned.so")
+    untuned = export_library(compile_model(relax_mod, tvm_target, None, winograd), work / "untuned.so")
     return {
         "tuned": time_model(load_library(library, device), sample_list, device),
         "untuned": time_model(load_library(untuned, device), sample_list, device),
@@ -442,7 +455,8 @@ def _measure(relax_mod, tvm_target, library, model, samples, reference, profile,
     }
 
 
-def _measure_remote(relax_mod, tvm_target, library, model, samples, toolchain, remote, work) -> dict[str, float | None]:
+def _measure_remote(relax_mod, tvm_target, library, model, samples, toolchain, remote, work,
+                    winograd: WinogradPolicy | None) -> dict[str, float | None]:
     """Latency of the packaged library and of the same model untuned, timed on the device over RPC.
 
     ONNX Runtime runs on this machine only, so the device has no reference latency.
@@ -451,7 +465,8 @@ def _measure_remote(relax_mod, tvm_target, library, model, samples, toolchain, r
     from edgetune.fleet.session import remote_latency_ms
 
     sample_list = [samples[i.name] for i in model.inputs]
-    untuned = export_library(compile_model(relax_mod, tvm_target, None), work / "untuned.so", toolchain.fcompile())
+    untuned = export_library(compile_model(relax_mod, tvm_target, None, winograd), work / "untuned.so",
+                             toolchain.fcompile())
     return {
         "tuned": remote_latency_ms(remote, library, sample_list),
         "untuned": remote_latency_ms(remote, untuned, sample_list),

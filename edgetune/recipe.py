@@ -210,6 +210,10 @@ class TuningSpec(_Strict):
     seed: NonNegativeInt = 0
     max_tasks: PositiveInt | None = None
     """Tune only the N heaviest tasks."""
+    winograd: bool = True
+    """On CPU targets, 3x3 stride-1 convolutions computed by Winograd F(4x4, 3x3) on weights transformed
+    at compile time (4x fewer multiplications; results differ from a direct convolution by float32
+    rounding); false: direct convolution."""
     transfer: Literal["momentum", "warm", "off"] = "momentum"
     """How a target learns from its siblings' records (fleet[].transfer_from): their best schedules
     are measured first and a model trained on their records predicts, adapted to the device's own

@@ -5,8 +5,28 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from edgetune.frontend.onnx import LoadedModel
+
+
+def save_image_model(path: Path, name: str, nodes: list, data_shape: list[int], classes: int,
+                     initializers: list) -> LoadedModel:
+    """An ONNX graph from `data` (float32, `data_shape`) to `logits` (1 x classes), saved and loaded."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from edgetune.frontend.onnx import load_model
+
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("data", TensorProto.FLOAT, data_shape)],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, classes])],
+                              initializers)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return load_model(zoo=None, onnx_path=path, input_shapes=None)
+
 
 TINY_RECIPE = """\
 name: tiny

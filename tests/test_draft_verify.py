@@ -115,11 +115,11 @@ def test_tune_wires_draft_verify_with_a_model_kept_beside_the_records(tmp_path):
     store = RecordStore(tmp_path / "records")
     plan = TuningPlan(trials_per_task=8, time_budget_s=None, search="draft-verify", seed=0, cores=2,
                       hardware=profile.hardware, device=profile.device, isa=profile.isa)
-    assert isinstance(_search_strategy(plan, SearchCounts(), None, None), DraftVerifySearch)
+    assert isinstance(_search_strategy(plan, SearchCounts(), None, None, 8), DraftVerifySearch)
     model = _cost_model(plan, store, None)
     assert isinstance(model, RankingCostModel) and model.path == store.directory / "cost_model.npz"
     stock = TuningPlan(trials_per_task=8, time_budget_s=None, search="evolutionary", seed=0, cores=2)
-    assert isinstance(_search_strategy(stock, SearchCounts(), None, None), ms.search_strategy.EvolutionarySearch)
+    assert isinstance(_search_strategy(stock, SearchCounts(), None, None, 8), ms.search_strategy.EvolutionarySearch)
     assert isinstance(_cost_model(stock, store, None), ms.cost_model.XGBModel)
 
 

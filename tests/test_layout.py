@@ -7,14 +7,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from conftest import save_image_model
+from onnx import helper, numpy_helper
 
-from edgetune.frontend.onnx import fuse_for_tuning, load_model, to_relax
+from edgetune.frontend.onnx import LoadedModel, fuse_for_tuning, to_relax
 from edgetune.profiles import resolve_profile
 from edgetune.tuning.tasks import extract_tasks
 
 
-def _mobile_block(path: Path) -> Path:
+def _mobile_block(path: Path) -> LoadedModel:
     """conv 3->8, ReLU6 (Clip with initializer bounds), depthwise conv, ReLU6, pooled: a MobileNet block."""
     rng = np.random.default_rng(0)
 
@@ -34,17 +35,12 @@ def _mobile_block(path: Path) -> Path:
         helper.make_node("GlobalAveragePool", ["r2"], ["pooled"]),
         helper.make_node("Flatten", ["pooled"], ["logits"]),
     ]
-    graph = helper.make_graph(nodes, "mobile_block",
-                              [helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 3, 16, 20])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 8])], initializers)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
-    return path
+    return save_image_model(path, "mobile_block", nodes, [1, 3, 16, 20], 8, initializers)
 
 
 @pytest.fixture(scope="module")
 def block(tmp_path_factory):
-    return load_model(zoo=None, onnx_path=_mobile_block(tmp_path_factory.mktemp("layout") / "block.onnx"),
-                      input_shapes=None)
+    return _mobile_block(tmp_path_factory.mktemp("layout") / "block.onnx")
 
 
 def _conv_inputs(target, model) -> list[tuple[str, tuple[int, ...]]]:

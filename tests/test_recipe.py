@@ -191,6 +191,12 @@ BAD_CASES = {
         "tuning.search",
         "expected 'evolutionary' or 'draft-verify', got 'random'",
     ),
+    "winograd not a boolean": (
+        GOOD + "  winograd: sometimes\n",
+        9,
+        "tuning.winograd",
+        "expected true or false, got 'sometimes'",
+    ),
     "tracker without port": (
         GOOD.replace("profile: host\n", "profile: host\n    connection: {rpc: {tracker: host, key: k}}\n"),
         7,

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 
 from edgetune.errors import InputError
+from edgetune.frontend.winograd import WinogradPolicy
 from edgetune.frontend.zoo import build_zoo_model
 
 _ONNX_TO_NUMPY = {
@@ -188,12 +189,14 @@ def _lift_clips(mod):
     return relax.transform.DeadCodeElimination()(lifted)
 
 
-def fuse_for_tuning(mod, target):
+def fuse_for_tuning(mod, target, winograd: WinogradPolicy | None = None):
     """Legalize and fuse so MetaSchedule sees the fused kernels (without this it extracts 0 tasks).
 
     On CPU targets convolutions are first converted to `CPU_CONV_LAYOUT` (relax's ConvertLayout: the
     elementwise ops, pooling and additions around them follow; layout transforms remain only at the
-    model's edges and before layout-bound ops such as reshape).
+    model's edges and before layout-bound ops such as reshape). With a `winograd` policy, the 3x3
+    stride-1 convolutions it picks are then legalized as Winograd convolutions on weights transformed
+    at compile time (edgetune/frontend/winograd.py).
 
     The weights are constants, so each kernel's weight buffers are marked layout-free: MetaSchedule's
     RewriteLayout may then tune the kernel on a weight packed into the layout its loops want, and
@@ -209,10 +212,11 @@ def fuse_for_tuning(mod, target):
     if layout:
         mod = _lift_clips(mod)
         converting = [relax.transform.ConvertLayout({"relax.nn.conv2d": list(layout)})]
+    algorithms = {"relax.nn.conv2d": winograd.legalize_conv2d} if layout and winograd else None
     passes = tvm.transform.Sequential(
         converting
         + [
-            relax.transform.LegalizeOps(),
+            relax.transform.LegalizeOps(customize_legalize_map=algorithms),
             relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(),
             relax.transform.FuseOps(),

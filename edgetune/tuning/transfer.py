@@ -46,6 +46,7 @@ from tvm.s_tir.schedule import Trace
 from edgetune.tuning.analyzer.space import replay
 from edgetune.tuning.cost_model import FAILED, Groups, RankingCostModel, mean_seconds, task_key, train_ranker
 from edgetune.tuning.draft_verify import rank
+from edgetune.tuning.intrinsics import register_tensor_intrinsics
 from edgetune.tuning.records import RecordStore
 from edgetune.tuning.tasks import TuningTask
 
@@ -103,6 +104,7 @@ def load_sibling_records(siblings: Mapping[str, RecordStore], tasks: list[Tuning
             if not records:
                 continue
             if context is None:
+                register_tensor_intrinsics(target)
                 context = ms.TuneContext(mod=task.mod, target=target, space_generator="post-order-apply",
                                          search_strategy="evolutionary", num_threads=num_threads)
                 postprocs = list(context.space_generator.postprocs)

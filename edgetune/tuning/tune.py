@@ -27,13 +27,16 @@ from edgetune.profiles import Hardware
 from edgetune.tuning.builder import create_builder
 from edgetune.tuning.cost_model import RankingCostModel
 from edgetune.tuning.draft_verify import DraftVerifySearch, SearchCounts
+from edgetune.tuning.intrinsics import register_tensor_intrinsics
 from edgetune.tuning.records import RecordStore
 from edgetune.tuning.remote import DeviceLost, RetryingRPCRunner, shared_object_export
 from edgetune.tuning.tasks import TuningTask
 from edgetune.tuning.transfer import SeededSearch, SiblingRecords, TransferCostModel, TransferMode, TransferStats
 
-_MAX_TRIALS_PER_ROUND = 32
+_MAX_TRIALS_PER_ROUND = 64  # MetaSchedule's default num_trials_per_iter
 _FIRST_PASS_TRIALS = 8
+_POPULATION_PER_TRIAL = 8  # MetaSchedule's defaults: a population of 512 for 64 trials per round
+_MIN_POPULATION = 64
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class TaskOutcome:
     trials_measured: int  # measured by this build
     best_us: float | None
     skipped_for_budget: bool = False
-    tuning_s: float = 0.0
+    tuning_s: float = 0.0  # spent tuning this task in this build, all passes
     search: SearchCounts = field(default_factory=SearchCounts)  # draft-verify's candidates per stage
 
     @property
@@ -149,10 +152,22 @@ class _ReportProgress(PyMeasureCallback):
             raise TuningInterrupted("stop requested")
 
 
-def _search_strategy(plan: TuningPlan, counts: SearchCounts, cost_model, stats: TransferStats | None):
+def _evolutionary_search(round_trials: int):
+    """MetaSchedule's stock search with its population sized to the round it picks for.
+
+    Each round evolves the whole population whatever it measures (~40 s at TVM's 512 on a Winograd
+    convolution here, against ~10 s to build and measure 8 candidates), so a round of 8 trials, as
+    in the first pass over a model's tasks, evolves 64 instead: TVM's ratio of 512 for 64."""
+    population = max(_MIN_POPULATION, min(512, _POPULATION_PER_TRIAL * round_trials))
+    return ms.search_strategy.EvolutionarySearch(population_size=population,
+                                                 init_min_unmeasured=min(50, population))
+
+
+def _search_strategy(plan: TuningPlan, counts: SearchCounts, cost_model, stats: TransferStats | None,
+                     round_trials: int):
     """The recipe's search; with sibling records, their best schedules are measured first."""
     if plan.search == "evolutionary":
-        strategy = ms.search_strategy.EvolutionarySearch()
+        strategy = _evolutionary_search(round_trials)
     elif plan.search == "draft-verify":
         if plan.hardware is None:
             raise ValueError("draft-verify search needs the device profile's hardware numbers")
@@ -215,17 +230,22 @@ def tune(
     pending = [(t, counts[_key(t)]) for t in tasks]
     with _stop_requests() as stop:
         if any(plan.trials_per_task > done for _, done in pending):
+            register_tensor_intrinsics(target)
             builder, runner = _measurers(plan, stop)
             cost_model = _cost_model(plan, store, result.transfer)
         result.tasks = [TaskOutcome(t.name, t.weight, t.flops, done, 0, None) for t, done in pending]
-        for cap in _passes(plan):
-            for index, ((task, done), outcome) in enumerate(zip(pending, result.tasks), start=1):
+        for pass_number, cap in enumerate(trial_caps(plan)):
+            order = range(len(tasks)) if pass_number == 0 else by_model_time(tasks, store)
+            for position in order:
+                index, (task, done), outcome = position + 1, pending[position], result.tasks[position]
                 missing = cap - done - outcome.trials_measured
                 if missing <= 0:
                     continue
-                if plan.time_budget_s is not None and time.monotonic() - started >= plan.time_budget_s:
-                    outcome.skipped_for_budget = True
-                    continue
+                if plan.time_budget_s is not None:
+                    missing = trials_that_fit(missing, outcome, plan.time_budget_s - (time.monotonic() - started))
+                    if missing <= 0:
+                        outcome.skipped_for_budget = True
+                        continue
                 try:
                     _tune_one(task, index, len(tasks), missing, target, store, plan, builder, runner, cost_model,
                               outcome, progress, started, stop, logs_dir or store.directory / "logs",
@@ -246,13 +266,44 @@ def tune(
     return result
 
 
-def _passes(plan: TuningPlan) -> list[int]:
+def trial_caps(plan: TuningPlan) -> list[int]:
     """Trial caps per pass over the tasks. Under a time budget a first short pass gives every task
-    some tuning before the heaviest get the rest: an untuned kernel is a naive loop nest, slow enough
-    to dominate the model's latency."""
+    some tuning (an untuned kernel is a naive loop nest, slow enough to dominate the model's latency);
+    then each pass doubles the cap, from one full round, and goes to the tasks in order of the time
+    the model spends in them, so a budget that runs out mid-pass has been spent where it pays."""
     if plan.time_budget_s is None or plan.trials_per_task <= _FIRST_PASS_TRIALS:
         return [plan.trials_per_task]
-    return [_FIRST_PASS_TRIALS, plan.trials_per_task]
+    caps = [_FIRST_PASS_TRIALS]
+    cap = _MAX_TRIALS_PER_ROUND
+    while cap < plan.trials_per_task:
+        caps.append(cap)
+        cap *= 2
+    return caps + [plan.trials_per_task]
+
+
+def trials_that_fit(trials: int, outcome: TaskOutcome, left_s: float) -> int:
+    """How many of `trials` fit in what is left of the budget, at the pace this task was tuned at
+    earlier in this build (a round of 64 Winograd trials takes minutes here: started with a minute
+    left, it would overrun the budget by the rest)."""
+    if left_s <= 0:
+        return 0
+    if outcome.trials_measured == 0:
+        return trials
+    return min(trials, int(left_s * outcome.trials_measured / outcome.tuning_s))
+
+
+def by_model_time(tasks: list[TuningTask], store: RecordStore) -> list[int]:
+    """Positions of `tasks`, the one the model spends the most time in first: weight x its best
+    record's latency, tasks without a valid record before all others (their kernels are untuned).
+
+    After a first pass every task has measurements, and they are a better guide to where more
+    trials pay than FLOPs: memory-bound kernels and Winograd's transforms take time their FLOPs do
+    not show."""
+    def seconds(task: TuningTask) -> float:
+        best = store.best_seconds(task)
+        return task.weight * best if best is not None else float("inf")
+
+    return sorted(range(len(tasks)), key=lambda position: -seconds(tasks[position]))
 
 
 def _finish_task(task, index, total, done, outcome, store, plan, progress, started) -> None:
@@ -292,11 +343,12 @@ def _tune_one(task, index, total, trials, target, store, plan, builder, runner, 
                                   plan.trials_per_task, best * 1e6 if best else None,
                                   time.monotonic() - tuning_started))
 
+    per_round = min(trials, _MAX_TRIALS_PER_ROUND)
     context = ms.TuneContext(
         mod=task.mod,
         target=target,
         space_generator="post-order-apply",
-        search_strategy=_search_strategy(plan, outcome.search, cost_model, transfer),
+        search_strategy=_search_strategy(plan, outcome.search, cost_model, transfer, per_round),
         task_name=task.name,
         rand_state=plan.seed + index,
         num_threads=plan.cores,
@@ -308,7 +360,7 @@ def _tune_one(task, index, total, trials, target, store, plan, builder, runner, 
         work_dir=str(logs_dir),
         max_trials_global=trials,
         max_trials_per_task=trials,
-        num_trials_per_iter=min(trials, _MAX_TRIALS_PER_ROUND),
+        num_trials_per_iter=per_round,
         builder=builder,
         runner=runner,
         database=store.database,
@@ -316,4 +368,4 @@ def _tune_one(task, index, total, trials, target, store, plan, builder, runner, 
         measure_callbacks=callbacks,
         task_scheduler="round-robin",
     )
-    outcome.tuning_s = time.monotonic() - task_started
+    outcome.tuning_s += time.monotonic() - task_started

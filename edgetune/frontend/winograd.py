@@ -1,0 +1,185 @@
+"""Winograd convolution for 3x3, stride-1 convolutions on channels-last CPU targets.
+
+F(m x m, 3 x 3) computes an m x m output tile with (m + 2)^2 multiplications per input/output
+channel pair instead of 9 m^2: for m = 4, 36 instead of 144. The weight transform depends only on
+the weights, which are constants: it is emitted as a kernel of its own that FoldConstant evaluates
+at compile time, and the tuned kernel reads the transformed weights (TVM's own "pre-computed" flow
+was removed from topi, which now raises "LEGACY-FLOW"). The data and inverse transforms carry the
+`schedule_rule` names of MetaSchedule's built-in winograd rules (`s_tir.meta_schedule.cpu.*`), so
+the tuned kernel is scheduled as TVM schedules its own winograd convolutions; nothing here is x86
+specific.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+WINOGRAD_TILES = (2, 4)
+"""Output tiles m of F(m x m, 3 x 3) to choose from: 4 cuts the multiplications 4x, 2 cuts them 2.25x
+with 2.25x smaller transformed weights; larger tiles lose float32 accuracy."""
+
+_OUT_EWISE_FUSABLE = 4  # relax's OpPatternKind: lets FuseOps fuse bias, residual add and ReLU behind it
+
+
+def winograd_weight_transform(weight, tile_size: int):
+    """HWIO 3x3 weights -> (alpha, alpha, CO, CI), alpha = tile_size + 2: G w G^T per channel pair."""
+    from tvm import te
+    from tvm.topi.nn.winograd_util import winograd_transform_matrices
+    from tvm.topi.utils import get_const_tuple
+
+    kh, kw, ci, co = get_const_tuple(weight.shape)
+    alpha = tile_size + kh - 1
+    _, _, g = winograd_transform_matrices(tile_size, kh, str(weight.dtype))
+    r_kh = te.reduce_axis((0, kh), name="r_kh")
+    r_kw = te.reduce_axis((0, kw), name="r_kw")
+    return te.compute(
+        (alpha, alpha, co, ci),
+        lambda eps, nu, o, i: te.sum(weight[r_kh, r_kw, i, o] * g[eps, r_kh] * g[nu, r_kw], axis=[r_kh, r_kw]),
+        name="weight_transform",
+    )
+
+
+def winograd_conv2d_nhwc(data, kernel_pack, padding, out_dtype: str):
+    """NHWC convolution by F(m x m, 3x3) on weights already transformed by `winograd_weight_transform`
+    ((m + 2) x (m + 2) x CO x CI: the tile m is read off their shape).
+
+    The stages and their names follow topi's `conv2d_winograd_nhwc` (data_pad, input_tile,
+    data_pack, bgemm, inverse), so MetaSchedule's winograd schedule rules apply to them.
+    """
+    from tvm import te
+    from tvm.topi.nn.pad import pad
+    from tvm.topi.nn.utils import get_pad_tuple
+    from tvm.topi.nn.winograd_util import winograd_transform_matrices
+    from tvm.topi.utils import get_const_tuple
+
+    n, h, w, ci = get_const_tuple(data.shape)
+    alpha, _, co, _ = get_const_tuple(kernel_pack.shape)
+    r = 3
+    m = alpha - r + 1
+    pad_t, pad_l, pad_b, pad_r = get_pad_tuple(padding, (r, r))
+    a_mat, b_mat, _ = winograd_transform_matrices(m, r, out_dtype)
+
+    out_h = h + pad_t + pad_b - r + 1
+    out_w = w + pad_l + pad_r - r + 1
+    n_h, n_w = (out_h + m - 1) // m, (out_w + m - 1) // m
+    tiles = n * n_h * n_w
+    data_pad = pad(
+        data,
+        (0, pad_t, pad_l, 0),
+        (0, (n_h - 1) * m + alpha - h - pad_t, (n_w - 1) * m + alpha - w - pad_l, 0),
+        name="data_pad",
+        attrs={"schedule_rule": "None"},
+    )
+    input_tile = te.compute(
+        (alpha, alpha, tiles, ci),
+        lambda eps, nu, p, c: data_pad[p // (n_h * n_w), ((p // n_w) % n_h) * m + eps, (p % n_w) * m + nu, c],
+        name="input_tile",
+        attrs={"schedule_rule": "None"},
+    )
+    data_pack = _two_sided(input_tile, b_mat, alpha, "data_pack", "conv2d_nhwc_winograd_data_pack")
+    k = te.reduce_axis((0, ci), name="ci")
+    bgemm = te.compute(
+        (alpha, alpha, tiles, co),
+        lambda eps, nu, p, o: te.sum(data_pack[eps, nu, p, k] * kernel_pack[eps, nu, o, k], axis=[k]),
+        name="bgemm",
+        attrs={"meta_schedule.write_cache_level": [2]},
+    )
+    inverse = _two_sided(bgemm, a_mat, m, "inverse", "conv2d_nhwc_winograd_inverse")
+    return te.compute(
+        (n, out_h, out_w, co),
+        lambda b, y, x, o: inverse[y % m, x % m, b * n_h * n_w + (y // m) * n_w + (x // m), o],
+        name="conv2d_winograd",
+    )
+
+
+def _two_sided(tiles, matrix, size: int, name: str, schedule_rule: str):
+    """matrix^T X matrix for each tile X (the two leading axes) of every tile position and channel:
+    Winograd's data transform (B) and inverse transform (A), with MetaSchedule's rule for each."""
+    from tvm import te
+
+    alpha, _, positions, channels = tiles.shape
+    r_a = te.reduce_axis((0, alpha), "r_a")
+    r_b = te.reduce_axis((0, alpha), "r_b")
+    return te.compute(
+        (size, size, positions, channels),
+        lambda i, j, p, c: te.sum(tiles[r_a, r_b, p, c] * matrix[r_a, i] * matrix[r_b, j], axis=[r_a, r_b]),
+        name=name,
+        attrs={"schedule_rule": schedule_rule},
+    )
+
+
+@dataclass(frozen=True)
+class WinogradPolicy:
+    """Which 3x3 stride-1 convolutions of one device run as Winograd kernels, and with which tile.
+
+    A roofline estimate on the device profile's peak GFLOPS and memory bandwidth, per convolution:
+    max(FLOPs / peak, bytes / bandwidth) for the direct convolution and for each tile, where the bytes
+    are the weights (Winograd's transformed weights are (m + 2)^2 / 9 times larger), the activations
+    and Winograd's intermediates. Small feature maps with many channels (ResNet's last stage) are
+    weight-bound: there the larger tile loses to the smaller one, or to the direct convolution.
+    """
+
+    peak_gflops: float
+    memory_bandwidth_gbs: float
+
+    def tile(self, batch: int, out_h: int, out_w: int, in_channels: int, out_channels: int) -> int | None:
+        """The Winograd tile m to use, or None when the direct convolution is estimated faster."""
+        pixels = batch * out_h * out_w
+        direct = self._seconds(2.0 * 9 * pixels * in_channels * out_channels,
+                               4.0 * (9 * in_channels * out_channels + pixels * (in_channels + out_channels)))
+        best, best_seconds = None, direct
+        for m in WINOGRAD_TILES:
+            alpha = m + 2
+            tiles = batch * math.ceil(out_h / m) * math.ceil(out_w / m)
+            flops = (2.0 * alpha**2 * tiles * in_channels * out_channels  # the batched GEMM
+                     + 4.0 * alpha**3 * tiles * in_channels  # data transform, two 1-D passes
+                     + 4.0 * alpha * m * (alpha + m) * tiles * out_channels / 2)  # inverse transform
+            data_bytes = 4.0 * alpha**2 * tiles * (in_channels + out_channels)  # transformed data, GEMM output
+            weight_bytes = 4.0 * alpha**2 * in_channels * out_channels
+            seconds = self._seconds(flops, weight_bytes + data_bytes + 4.0 * pixels * (in_channels + out_channels))
+            if seconds < best_seconds:
+                best, best_seconds = m, seconds
+        return best
+
+    def _seconds(self, flops: float, memory_bytes: float) -> float:
+        return max(flops / (self.peak_gflops * 1e9), memory_bytes / (self.memory_bandwidth_gbs * 1e9))
+
+    def legalize_conv2d(self, bb, call):
+        """LegalizeOps hook for relax.nn.conv2d: a weight transform + a Winograd kernel where the
+        policy picks a tile, the usual legalization elsewhere. FoldConstant then evaluates the weight
+        transform on constant weights, so it runs at compile time."""
+        import tvm
+
+        tile = self._tile_for(call)
+        if tile is None:
+            return tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")(bb, call)
+        kernel_pack = bb.emit_te(winograd_weight_transform, call.args[1], tile,
+                                 primfunc_name_hint="winograd_weight_transform")
+        out_dtype = call.attrs.out_dtype or call.args[0].ty.dtype
+        return bb.call_te(
+            winograd_conv2d_nhwc, call.args[0], kernel_pack, [int(p) for p in call.attrs.padding], str(out_dtype),
+            primfunc_name_hint=f"conv2d_winograd_f{tile}", primfunc_attrs={"op_pattern": _OUT_EWISE_FUSABLE},
+        )
+
+    def _tile_for(self, call) -> int | None:
+        """None unless a float32, 3x3, stride-1, undilated, ungrouped NHWC/HWIO convolution the
+        estimate gives to Winograd."""
+        attrs = call.attrs
+        weight, output = call.args[1].ty, call.ty
+        eligible = (
+            attrs.data_layout == "NHWC"
+            and attrs.kernel_layout == "HWIO"
+            and (attrs.out_layout or "NHWC") == "NHWC"
+            and attrs.groups == 1
+            and [int(s) for s in attrs.strides] == [1, 1]
+            and [int(d) for d in attrs.dilation] == [1, 1]
+            and weight.dtype == "float32"
+            and weight.shape is not None
+            and output.shape is not None
+            and [int(d) for d in weight.shape.values[:2]] == [3, 3]
+        )
+        if not eligible:
+            return None
+        batch, out_h, out_w, out_channels = (int(d) for d in output.shape.values)
+        return self.tile(batch, out_h, out_w, int(weight.shape.values[2]), out_channels)

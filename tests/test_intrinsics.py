@@ -1,0 +1,44 @@
+"""Tuning a CPU target registers the CPU tensorization intrinsics only, not every backend's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+SCRIPT = """
+import sys, tvm
+from edgetune.tuning.intrinsics import register_tensor_intrinsics
+from tvm.s_tir._tensor_intrin import TensorIntrin
+register_tensor_intrinsics(tvm.target.Target({KIND}))
+from tvm.s_tir import meta_schedule as ms
+from tvm import te
+a = te.placeholder((64, 64), name="A")
+k = te.reduce_axis((0, 64), name="k")
+c = te.compute((64, 64), lambda i, j: te.sum(a[i, k] * a[k, j], axis=k), name="C")
+context = ms.TuneContext(mod=tvm.IRModule({{"main": te.create_prim_func([a, c])}}), target=tvm.target.Target({KIND}),
+                         space_generator="post-order-apply", search_strategy="evolutionary", num_threads=1)
+assert context.generate_design_space()
+for name in ("dot_16x4_vnni", "dot_4x4_i8i8s32_sdot", "wmma_sync_16x16x16_f16f16f32"):
+    print(name, TensorIntrin.get(name, allow_missing=True) is not None)
+print("cuda module", "tvm.s_tir.tensor_intrin.cuda" in sys.modules)
+"""
+
+
+def _registered(kind: dict) -> str:
+    run = subprocess.run([sys.executable, "-c", SCRIPT.format(KIND=repr(kind))], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
+def test_a_cpu_target_gets_the_x86_and_arm_intrinsics_and_no_cuda() -> None:
+    out = _registered({"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2})
+    assert "dot_16x4_vnni True" in out and "dot_4x4_i8i8s32_sdot True" in out
+    assert "wmma_sync_16x16x16_f16f16f32 False" in out and "cuda module False" in out
+
+
+def test_a_gpu_target_gets_what_tvm_registers_for_it() -> None:
+    from edgetune.profiles import resolve_profile
+
+    out = _registered(dict(resolve_profile("a100", None).target))
+    assert "wmma_sync_16x16x16_f16f16f32 True" in out and "cuda module True" in out

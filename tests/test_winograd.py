@@ -1,0 +1,145 @@
+"""3x3 stride-1 convolutions run as Winograd kernels on CPU targets where the device's roofline says
+they pay; the others stay direct."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import save_image_model
+from onnx import helper, numpy_helper
+
+from edgetune.frontend.onnx import LoadedModel, fuse_for_tuning, to_relax
+from edgetune.frontend.winograd import WinogradPolicy
+from edgetune.profiles import resolve_profile
+from edgetune.tuning.tasks import extract_tasks
+
+HOST_LIKE = WinogradPolicy(peak_gflops=156.5, memory_bandwidth_gbs=20.0)  # 2 AVX2 cores, DDR4
+
+
+def _policy(profile: str) -> WinogradPolicy:
+    hardware = resolve_profile(profile, None).hardware
+    return WinogradPolicy(hardware.peak_gflops, hardware.memory_bandwidth_gbs)
+
+
+def test_policy_picks_the_tile_by_roofline() -> None:
+    # ResNet-18's 56x56x64 conv is compute-bound: the larger tile saves the most multiplications
+    assert HOST_LIKE.tile(1, 56, 56, 64, 64) == 4
+    # its 7x7x512 conv is weight-bound: F(4x4)'s weights are 4x the direct ones, F(2x2)'s 1.8x
+    assert HOST_LIKE.tile(1, 7, 7, 512, 512) == 2
+    # a few channels on a small map: the transforms cost more than they save
+    assert HOST_LIKE.tile(1, 8, 8, 3, 8) is None
+    # a starved memory system keeps the last stage direct
+    assert WinogradPolicy(peak_gflops=156.5, memory_bandwidth_gbs=2.0).tile(1, 7, 7, 512, 512) is None
+
+
+def _residual_block(path: Path) -> LoadedModel:
+    """A ResNet basic block with a strided 3x3 and a 1x1 shortcut beside the 3x3 stride-1 convs."""
+    rng = np.random.default_rng(0)
+
+    def init(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
+        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32), name)
+
+    initializers = [init("w1", (32, 16, 3, 3)), init("b1", (32,)), init("w2", (32, 32, 3, 3)), init("b2", (32,)),
+                    init("ws", (32, 16, 1, 1)), init("w3", (32, 32, 3, 3))]
+    nodes = [
+        helper.make_node("Conv", ["data", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["data", "ws"], ["shortcut"]),
+        helper.make_node("Add", ["c2", "shortcut"], ["sum"]),
+        helper.make_node("Relu", ["sum"], ["r2"]),
+        helper.make_node("Conv", ["r2", "w3"], ["c3"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("GlobalAveragePool", ["c3"], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["logits"]),
+    ]
+    return save_image_model(path, "residual_block", nodes, [1, 16, 27, 30], 32, initializers)
+
+
+@pytest.fixture(scope="module")
+def block(tmp_path_factory):
+    return _residual_block(tmp_path_factory.mktemp("winograd") / "block.onnx")
+
+
+def _conv_task_names(model, profile: str, winograd: bool) -> list[str]:
+    target = resolve_profile(profile, None).tvm_target()
+    policy = _policy(profile) if winograd else None
+    return sorted(t.name for t in extract_tasks(fuse_for_tuning(to_relax(model), target, policy), target)
+                  if "conv2d" in t.name)
+
+
+@pytest.mark.parametrize("profile", ["host", "raspberry-pi-4"])
+def test_stride_1_3x3_convolutions_become_winograd_kernels_with_their_epilogue(block, profile) -> None:
+    names = _conv_task_names(block, profile, winograd=True)
+    winograd = [n for n in names if "winograd_f4" in n]
+    assert len(winograd) == 2, names  # conv+bias+relu, conv+bias+shortcut add+relu
+    assert all("relu" in n for n in winograd), winograd
+    assert any("add" in n for n in winograd), winograd
+    direct = [n for n in names if "winograd" not in n]
+    assert len(direct) == 2, names  # the 1x1 shortcut and the strided 3x3
+    # the weight transform is folded into the constants: no kernel of its own is left to tune
+    target = resolve_profile(profile, None).tvm_target()
+    every = [t.name for t in extract_tasks(fuse_for_tuning(to_relax(block), target, _policy(profile)), target)]
+    assert not [n for n in every if "weight_transform" in n], every
+
+
+def test_winograd_off_keeps_direct_convolutions(block) -> None:
+    names = _conv_task_names(block, "host", winograd=False)
+    assert len(names) == 4 and not [n for n in names if "winograd" in n], names
+
+
+def test_gpu_targets_get_no_winograd(block) -> None:
+    assert not [n for n in _conv_task_names(block, "a100", winograd=True) if "winograd" in n]
+
+
+def test_winograd_model_computes_what_onnx_runtime_does(block) -> None:
+    import tvm
+
+    from edgetune.compile import compile_model, run
+    from edgetune.reference import ReferenceRuntime
+
+    target = resolve_profile("host", None).tvm_target()
+    x = block.sample_inputs(seed=3)
+    executable = compile_model(to_relax(block), target, None, _policy("host"))
+    assert "winograd" in executable.as_text()
+    vm = tvm.relax.VirtualMachine(executable, tvm.cpu())
+    ours = run(vm, [x["data"]], tvm.cpu())[0]
+    expected = ReferenceRuntime(block)._session(1).run(None, x)[0]
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_tuned_winograd_kernel_compiles_into_a_model_that_matches_onnx_runtime(block, tmp_path) -> None:
+    """MetaSchedule's winograd rules tune the kernel, and compile finds its record and packs the
+    transformed weights at compile time."""
+    import tvm
+
+    from edgetune.compile import compile_model, run
+    from edgetune.reference import ReferenceRuntime
+    from edgetune.tuning.records import RecordStore
+    from edgetune.tuning.tune import TuningPlan, tune
+
+    profile = resolve_profile("host", None)
+    target = profile.tvm_target()
+    policy = _policy("host")
+    tasks = extract_tasks(fuse_for_tuning(to_relax(block), target, policy), target)
+    winograd = [t for t in tasks if "winograd" in t.name][:1]
+    store = RecordStore(tmp_path / "records")
+    plan = TuningPlan(trials_per_task=2, time_budget_s=None, search="evolutionary", seed=0,
+                      cores=profile.hardware.cores or 1)
+    result = tune(winograd, target, store, plan)
+    assert result.tasks[0].best_us is not None, "no valid winograd schedule measured"
+
+    with target, store.database, tvm.transform.PassContext(opt_level=3):
+        applied = tvm.relax.transform.MetaScheduleApplyDatabase()(fuse_for_tuning(to_relax(block), target, policy))
+    scheduled = [gvar.name_hint for gvar, func in applied.functions.items()
+                 if isinstance(func, tvm.tirx.PrimFunc) and func.attrs and func.attrs.get("tirx.is_scheduled")]
+    assert scheduled == [winograd[0].name]  # compile fuses as tuning did, so the record is found
+
+    x = block.sample_inputs(seed=5)
+    vm = tvm.relax.VirtualMachine(compile_model(to_relax(block), target, store.database, policy), tvm.cpu())
+    expected = ReferenceRuntime(block)._session(1).run(None, x)[0]
+    np.testing.assert_allclose(run(vm, [x["data"]], tvm.cpu())[0], expected, rtol=1e-5, atol=1e-5)
