@@ -252,7 +252,8 @@ def _build_target(
     winograd = winograd_policy(recipe, profile)
     root = recipe.output_dir / recipe.name
     work = root / "work" / target.name
-    result = _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, remote, sibling_stores, work)
+    result = _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, remote, sibling_stores, work,
+                          winograd)
 
     artifact_dir = root / target.name
     archive = root / f"{target.name}.tar.gz"
@@ -347,9 +348,9 @@ def _build_target(
 
 
 def _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, remote, sibling_stores,
-                 work) -> TargetResult:
+                 work, winograd: WinogradPolicy | None) -> TargetResult:
     emit(Event(target.name, f"extracting tasks for {profile.name} ({_describe_target(profile)})"))
-    tasks = extract_tasks(fuse_for_tuning(relax_mod, tvm_target, winograd_policy(recipe, profile)), tvm_target)
+    tasks = extract_tasks(fuse_for_tuning(relax_mod, tvm_target, winograd), tvm_target)
     tuned_tasks = tasks[: recipe.tuning.max_tasks] if recipe.tuning.max_tasks else tasks
     trials = recipe.tuning.trials_per_task
     siblings = None
