@@ -36,7 +36,9 @@ def test_policy_picks_the_tile_by_roofline() -> None:
 
 
 def _residual_block(path: Path) -> LoadedModel:
-    """A ResNet basic block with a strided 3x3 and a 1x1 shortcut beside the 3x3 stride-1 convs."""
+    """A ResNet basic block with a strided 3x3 and a 1x1 shortcut beside the 3x3 stride-1 convs, and
+    the next block's first conv: the same 32 -> 32 convolution as the block's second, with a ReLU
+    epilogue instead of the residual add (ResNet's twin kernels)."""
     rng = np.random.default_rng(0)
 
     def init(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
@@ -44,7 +46,8 @@ def _residual_block(path: Path) -> LoadedModel:
         return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32), name)
 
     initializers = [init("w1", (32, 16, 3, 3)), init("b1", (32,)), init("w2", (32, 32, 3, 3)), init("b2", (32,)),
-                    init("ws", (32, 16, 1, 1)), init("w3", (32, 32, 3, 3))]
+                    init("ws", (32, 16, 1, 1)), init("w4", (32, 32, 3, 3)), init("b4", (32,)),
+                    init("w3", (32, 32, 3, 3))]
     nodes = [
         helper.make_node("Conv", ["data", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"]),
@@ -52,7 +55,9 @@ def _residual_block(path: Path) -> LoadedModel:
         helper.make_node("Conv", ["data", "ws"], ["shortcut"]),
         helper.make_node("Add", ["c2", "shortcut"], ["sum"]),
         helper.make_node("Relu", ["sum"], ["r2"]),
-        helper.make_node("Conv", ["r2", "w3"], ["c3"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Conv", ["r2", "w4", "b4"], ["c4"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c4"], ["r4"]),
+        helper.make_node("Conv", ["r4", "w3"], ["c3"], pads=[1, 1, 1, 1], strides=[2, 2]),
         helper.make_node("GlobalAveragePool", ["c3"], ["pooled"]),
         helper.make_node("Flatten", ["pooled"], ["logits"]),
     ]
@@ -75,9 +80,8 @@ def _conv_task_names(model, profile: str, winograd: bool) -> list[str]:
 def test_stride_1_3x3_convolutions_become_winograd_kernels_with_their_epilogue(block, profile) -> None:
     names = _conv_task_names(block, profile, winograd=True)
     winograd = [n for n in names if "winograd_f4" in n]
-    assert len(winograd) == 2, names  # conv+bias+relu, conv+bias+shortcut add+relu
+    assert len(winograd) == 2, names  # 16 -> 32 conv+bias+relu; 32 -> 32 conv+bias+shortcut add+relu and its twin
     assert all("relu" in n for n in winograd), winograd
-    assert any("add" in n for n in winograd), winograd
     direct = [n for n in names if "winograd" not in n]
     assert len(direct) == 2, names  # the 1x1 shortcut and the strided 3x3
     # the weight transform is folded into the constants: no kernel of its own is left to tune
@@ -88,11 +92,39 @@ def test_stride_1_3x3_convolutions_become_winograd_kernels_with_their_epilogue(b
 
 def test_winograd_off_keeps_direct_convolutions(block) -> None:
     names = _conv_task_names(block, "host", winograd=False)
-    assert len(names) == 4 and not [n for n in names if "winograd" in n], names
+    assert len(names) == 4 and not [n for n in names if "winograd" in n], names  # the twins are one task
+
+
+def test_kernels_that_differ_only_in_their_epilogue_are_one_task(block) -> None:
+    target = resolve_profile("host", None).tvm_target()
+    tasks = extract_tasks(fuse_for_tuning(to_relax(block), target, _policy("host")), target)
+    weights = sorted(t.weight for t in tasks if "winograd" in t.name)
+    assert weights == [1, 2], [(t.name, t.weight) for t in tasks]
 
 
 def test_gpu_targets_get_no_winograd(block) -> None:
     assert not [n for n in _conv_task_names(block, "a100", winograd=True) if "winograd" in n]
+
+
+def test_convolutions_of_one_input_with_different_weights_stay_two_tasks(tmp_path) -> None:
+    """With few output channels the data transform is the kernel's anchor block; two convolutions that
+    read the same input must not pass for twins."""
+    rng = np.random.default_rng(1)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+               for name, shape in (("wa", (32, 16, 3, 3)), ("wb", (16, 16, 3, 3)))]
+    nodes = [
+        helper.make_node("Conv", ["data", "wa"], ["a"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["a"], ["ra"]),
+        helper.make_node("Conv", ["data", "wb"], ["b"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["b"], ["rb"]),
+        helper.make_node("Concat", ["ra", "rb"], ["both"], axis=1),
+        helper.make_node("GlobalAveragePool", ["both"], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["logits"]),
+    ]
+    branches = save_image_model(tmp_path / "branches.onnx", "branches", nodes, [1, 16, 27, 30], 48, weights)
+    target = resolve_profile("host", None).tvm_target()
+    tasks = extract_tasks(fuse_for_tuning(to_relax(branches), target, HOST_LIKE), target)
+    assert sorted(t.weight for t in tasks if "winograd" in t.name) == [1, 1], [(t.name, t.weight) for t in tasks]
 
 
 def test_winograd_model_computes_what_onnx_runtime_does(block) -> None:
@@ -113,8 +145,8 @@ def test_winograd_model_computes_what_onnx_runtime_does(block) -> None:
 
 @pytest.mark.slow
 def test_a_tuned_winograd_kernel_compiles_into_a_model_that_matches_onnx_runtime(block, tmp_path) -> None:
-    """MetaSchedule's winograd rules tune the kernel, and compile finds its record and packs the
-    transformed weights at compile time."""
+    """MetaSchedule's winograd rules tune the kernel, and compile finds its record, applies it to both
+    twins and packs the transformed weights at compile time."""
     import tvm
 
     from edgetune.compile import compile_model, run
@@ -137,7 +169,9 @@ def test_a_tuned_winograd_kernel_compiles_into_a_model_that_matches_onnx_runtime
         applied = tvm.relax.transform.MetaScheduleApplyDatabase()(fuse_for_tuning(to_relax(block), target, policy))
     scheduled = [gvar.name_hint for gvar, func in applied.functions.items()
                  if isinstance(func, tvm.tirx.PrimFunc) and func.attrs and func.attrs.get("tirx.is_scheduled")]
-    assert scheduled == [winograd[0].name]  # compile fuses as tuning did, so the record is found
+    # compile fuses as tuning did, so the record is found, and replayed on the task's twin too
+    assert winograd[0].weight == 2 and len(scheduled) == 2, scheduled
+    assert winograd[0].name in scheduled and all("winograd" in name for name in scheduled), scheduled
 
     x = block.sample_inputs(seed=5)
     vm = tvm.relax.VirtualMachine(compile_model(to_relax(block), target, store.database, policy), tvm.cpu())

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 WINOGRAD_TILES = (2, 4)
 """Output tiles m of F(m x m, 3 x 3) to choose from: 4 cuts the multiplications 4x, 2 cuts them 2.25x
 with 2.25x smaller transformed weights; larger tiles lose float32 accuracy."""
@@ -22,15 +24,47 @@ with 2.25x smaller transformed weights; larger tiles lose float32 accuracy."""
 _OUT_EWISE_FUSABLE = 4  # relax's OpPatternKind: lets FuseOps fuse bias, residual add and ReLU behind it
 
 
+def transform_matrices(tile_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cook-Toom's A (inverse), B (data) and G (weight) matrices of F(m x m, 3 x 3), as numpy arrays:
+    topi's own construction, the one its `winograd_transform_matrices` wraps in tensors."""
+    from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
+
+    return _cook_toom_convolution(_interpolation_points(tile_size + 1), tile_size, 3)
+
+
+class _Matrix:
+    """A constant matrix read as `matrix[row, col]` inside a compute expression, where it becomes a
+    select over its nonzero entries instead of a load.
+
+    topi's `const_matrix` makes each transform matrix a stage of its own, which MetaSchedule's winograd
+    rules inline. Written into the expression, there is no such stage: each kernel is one chain of
+    blocks whatever its epilogue, so kernels that differ only in the epilogue (conv + ReLU, conv + residual
+    add + ReLU) share one tuned schedule by MetaSchedule's anchor-block equality. Zeros leave no select.
+    """
+
+    def __init__(self, values: np.ndarray, dtype: str):
+        self.values = values
+        self.dtype = dtype
+
+    def __getitem__(self, index):
+        from tvm import tirx
+
+        row, col = index
+        entry = tirx.const(0.0, self.dtype)
+        for (i, j), value in np.ndenumerate(self.values):
+            if value != 0:
+                entry = tirx.Select(tirx.all(row == i, col == j), tirx.const(float(value), self.dtype), entry)
+        return entry
+
+
 def winograd_weight_transform(weight, tile_size: int):
     """HWIO 3x3 weights -> (alpha, alpha, CO, CI), alpha = tile_size + 2: G w G^T per channel pair."""
     from tvm import te
-    from tvm.topi.nn.winograd_util import winograd_transform_matrices
     from tvm.topi.utils import get_const_tuple
 
     kh, kw, ci, co = get_const_tuple(weight.shape)
     alpha = tile_size + kh - 1
-    _, _, g = winograd_transform_matrices(tile_size, kh, str(weight.dtype))
+    g = _Matrix(transform_matrices(tile_size)[2], str(weight.dtype))
     r_kh = te.reduce_axis((0, kh), name="r_kh")
     r_kw = te.reduce_axis((0, kw), name="r_kw")
     return te.compute(
@@ -50,7 +84,6 @@ def winograd_conv2d_nhwc(data, kernel_pack, padding, out_dtype: str):
     from tvm import te
     from tvm.topi.nn.pad import pad
     from tvm.topi.nn.utils import get_pad_tuple
-    from tvm.topi.nn.winograd_util import winograd_transform_matrices
     from tvm.topi.utils import get_const_tuple
 
     n, h, w, ci = get_const_tuple(data.shape)
@@ -58,7 +91,8 @@ def winograd_conv2d_nhwc(data, kernel_pack, padding, out_dtype: str):
     r = 3
     m = alpha - r + 1
     pad_t, pad_l, pad_b, pad_r = get_pad_tuple(padding, (r, r))
-    a_mat, b_mat, _ = winograd_transform_matrices(m, r, out_dtype)
+    a_data, b_data, _ = transform_matrices(m)
+    a_mat, b_mat = _Matrix(a_data, out_dtype), _Matrix(b_data, out_dtype)
 
     out_h = h + pad_t + pad_b - r + 1
     out_w = w + pad_l + pad_r - r + 1
@@ -77,7 +111,11 @@ def winograd_conv2d_nhwc(data, kernel_pack, padding, out_dtype: str):
         name="input_tile",
         attrs={"schedule_rule": "None"},
     )
-    data_pack = _two_sided(input_tile, b_mat, alpha, "data_pack", "conv2d_nhwc_winograd_data_pack")
+    # the whole convolution, on the transforms: for few output channels the data transform, not the
+    # batched GEMM, is the kernel's anchor block (the most FLOPs), and it alone would make convolutions of
+    # one input but different weights look alike to anchor-block equality
+    convolution = f"{n}x{h}x{w}x{ci} -> {co}, pad {pad_t} {pad_l} {pad_b} {pad_r}, F({m}x{m}, 3x3)"
+    data_pack = _two_sided(input_tile, b_mat, alpha, "data_pack", "conv2d_nhwc_winograd_data_pack", convolution)
     k = te.reduce_axis((0, ci), name="ci")
     bgemm = te.compute(
         (alpha, alpha, tiles, co),
@@ -85,7 +123,7 @@ def winograd_conv2d_nhwc(data, kernel_pack, padding, out_dtype: str):
         name="bgemm",
         attrs={"meta_schedule.write_cache_level": [2]},
     )
-    inverse = _two_sided(bgemm, a_mat, m, "inverse", "conv2d_nhwc_winograd_inverse")
+    inverse = _two_sided(bgemm, a_mat, m, "inverse", "conv2d_nhwc_winograd_inverse", convolution)
     return te.compute(
         (n, out_h, out_w, co),
         lambda b, y, x, o: inverse[y % m, x % m, b * n_h * n_w + (y // m) * n_w + (x // m), o],
@@ -93,7 +131,7 @@ def winograd_conv2d_nhwc(data, kernel_pack, padding, out_dtype: str):
     )
 
 
-def _two_sided(tiles, matrix, size: int, name: str, schedule_rule: str):
+def _two_sided(tiles, matrix, size: int, name: str, schedule_rule: str, convolution: str):
     """matrix^T X matrix for each tile X (the two leading axes) of every tile position and channel:
     Winograd's data transform (B) and inverse transform (A), with MetaSchedule's rule for each."""
     from tvm import te
@@ -105,7 +143,7 @@ def _two_sided(tiles, matrix, size: int, name: str, schedule_rule: str):
         (size, size, positions, channels),
         lambda i, j, p, c: te.sum(tiles[r_a, r_b, p, c] * matrix[r_a, i] * matrix[r_b, j], axis=[r_a, r_b]),
         name=name,
-        attrs={"schedule_rule": schedule_rule},
+        attrs={"schedule_rule": schedule_rule, "edgetune.winograd_convolution": convolution},
     )
 
 

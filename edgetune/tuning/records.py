@@ -22,7 +22,7 @@ from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord
 
 from edgetune.errors import InputError
 from edgetune.tuning.cost_model import FAILED, mean_seconds
-from edgetune.tuning.tasks import TuningTask
+from edgetune.tuning.tasks import MODULE_EQUALITY, TuningTask
 
 
 class RecordStore:
@@ -32,6 +32,7 @@ class RecordStore:
         self.database = JSONDatabase(
             path_workload=str(directory / "database_workload.json"),
             path_tuning_record=str(directory / "database_tuning_record.json"),
+            module_equality=MODULE_EQUALITY,
         )
 
     def measured_counts(self) -> Counter[int]:
