@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +77,26 @@ def export_library(executable, path: Path, cross_compiler: str | None = None) ->
     else:
         executable.export_library(str(path))
     return path
+
+
+_BIG_CORES = 1  # TVM's ThreadGroup affinity mode: threads on the fastest cores, one per core
+
+
+def use_cpu_threads(cores: int) -> None:
+    """Run TVM's CPU kernels on `cores` threads, in this process and in workers it starts later.
+
+    Unless told otherwise, TVM's runtime starts hardware_concurrency / 2 threads on x86, as if every
+    core ran two hyper-threads: one thread on a 2-vCPU machine, half of the cores a target is tuned
+    for and ONNX Runtime is given. TVM reads the environment variable when a thread's pool starts;
+    a pool that ran already can be narrowed, not widened.
+    """
+    os.environ["TVM_NUM_THREADS"] = str(cores)
+    pool_size = tvm.get_global_func("runtime.NumThreads")  # starts this thread's pool if it has not run
+    if pool_size() != cores:
+        tvm.get_global_func("runtime.config_threadpool")(_BIG_CORES, cores)
+    if pool_size() != cores:
+        raise RuntimeError(f"TVM's thread pool in this process started with {pool_size()} threads before it was "
+                           f"asked for {cores}: set TVM_NUM_THREADS={cores} before running kernels")
 
 
 def load_library(path: Path, device: tvm.runtime.Device) -> relax.VirtualMachine:

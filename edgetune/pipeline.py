@@ -389,6 +389,7 @@ def _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, re
             "best_us": t.best_us,
             "gflops": t.gflops,
             "skipped_for_budget": t.skipped_for_budget,
+            "space_exhausted": t.space_exhausted,
             "candidates": asdict(t.search) if recipe.tuning.search == "draft-verify" else None,
         }
         for t in tuning.tasks
@@ -444,11 +445,13 @@ def _measure(relax_mod, tvm_target, library, model, samples, reference, profile,
     """Latency of the packaged library, of the same model untuned, and of ONNX Runtime, on this machine."""
     import tvm
 
-    from edgetune.compile import compile_model, export_library, load_library, time_model
+    from edgetune.compile import compile_model, export_library, load_library, time_model, use_cpu_threads
 
     device = tvm.device(profile.device, 0)
     sample_list = [samples[i.name] for i in model.inputs]
     untuned = export_library(compile_model(relax_mod, tvm_target, None, winograd), work / "untuned.so")
+    if profile.device == "cpu":
+        use_cpu_threads(profile.hardware.cores or 1)  # as many as ONNX Runtime is given
     return {
         "tuned": time_model(load_library(library, device), sample_list, device),
         "untuned": time_model(load_library(untuned, device), sample_list, device),
@@ -534,6 +537,7 @@ def _template_context(recipe, target, profile, toolchain, model, latency, measur
         "profile": profile.name,
         "tvm_target": json.dumps(profile.target, sort_keys=True),
         "device": profile.device,
+        "cpu_threads": profile.hardware.cores if profile.device == "cpu" else None,
         "arch": toolchain.arch,
         "cxx": toolchain.cxx.name if toolchain.cxx else "g++",
         "edgetune_version": edgetune.__version__,

@@ -9,9 +9,10 @@ import tvm
 from tvm import te
 from tvm.s_tir.meta_schedule.database import TuningRecord
 
+from edgetune.tuning import tune as tune_module
 from edgetune.tuning.records import RecordStore
 from edgetune.tuning.tasks import TuningTask
-from edgetune.tuning.tune import TaskOutcome, TuningPlan, by_model_time, trial_caps, trials_that_fit
+from edgetune.tuning.tune import TaskOutcome, TuningPlan, by_model_time, trial_caps, trials_that_fit, tune
 
 
 def _task(name: str, n: int, weight: int) -> TuningTask:
@@ -59,3 +60,24 @@ def test_a_round_is_cut_to_what_fits_in_the_budget_at_the_pace_of_earlier_rounds
     assert trials_that_fit(56, outcome, left_s=-1.0) == 0
     fresh = TaskOutcome("conv", 1, 1.0, trials_before=0, trials_measured=0, best_us=None)
     assert trials_that_fit(8, fresh, left_s=1.0) == 8  # no pace yet: its first round runs
+
+
+def test_a_task_whose_schedules_are_all_measured_is_not_searched_again(tmp_path: Path, monkeypatch) -> None:
+    """A tiny elementwise kernel offers a few distinct schedules; later passes would search it in vain."""
+    visits = []
+
+    def counted(*args, **kwargs):
+        visits.append(args[0].name)
+        return tune_one(*args, **kwargs)
+
+    tune_one = tune_module._tune_one
+    monkeypatch.setattr(tune_module, "_tune_one", counted)
+    store = RecordStore(tmp_path / "store")
+    plan = TuningPlan(trials_per_task=200, time_budget_s=600.0, search="evolutionary", seed=0, cores=2)
+    result = tune([_task("tiny_elementwise", 64, weight=1)], tvm.target.Target({"kind": "llvm", "num-cores": 2}),
+                  store, plan)
+    (outcome,) = result.tasks
+    assert outcome.space_exhausted
+    assert 0 < outcome.trials_measured < trial_caps(plan)[0]
+    assert visits == ["tiny_elementwise"]  # one pass of four
+    assert [entry["measured"] for entry in store.read_log()] == [outcome.trials_measured]  # no empty batches

@@ -73,6 +73,13 @@ def test_archive_unpacks_to_checked_manifest_and_a_matching_run_script(built, tm
     with np.load(unpacked / "out.npz") as ours, np.load(unpacked / "reference_output.npz") as reference:
         np.testing.assert_allclose(ours["logits"], reference["logits"], rtol=1e-4, atol=1e-4)
 
+    # run.py runs TVM's kernels on the target's cores, whatever TVM itself would guess
+    script = "import runpy; run = runpy.run_path('run.py'); print(run['tvm'].get_global_func('runtime.NumThreads')())"
+    pool = subprocess.run([sys.executable, "-c", script], cwd=unpacked, capture_output=True, text=True, timeout=120,
+                          check=False,
+                          env={k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")})
+    assert pool.stdout.strip() == str(manifest["target"]["tvm_target"]["num-cores"]), pool.stderr
+
 
 def test_verify_names_a_tampered_file(built, tmp_path) -> None:
     directory, summary, _ = built

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 SCRIPT = """
 import sys, tvm
@@ -37,8 +38,18 @@ def test_a_cpu_target_gets_the_x86_and_arm_intrinsics_and_no_cuda() -> None:
     assert "wmma_sync_16x16x16_f16f16f32 False" in out and "cuda module False" in out
 
 
-def test_a_gpu_target_gets_what_tvm_registers_for_it() -> None:
-    from edgetune.profiles import resolve_profile
+def test_a_gpu_target_gets_every_module_tvm_registers() -> None:
+    """What TVM's package import would load (importing it takes ~100 s here: CUDA's intrinsics are parsed)."""
+    import ast
+    import importlib.util
 
-    out = _registered(dict(resolve_profile("a100", None).target))
-    assert "wmma_sync_16x16x16_f16f16f32 True" in out and "cuda module True" in out
+    import tvm
+
+    from edgetune.profiles import resolve_profile
+    from edgetune.tuning.intrinsics import intrinsic_modules
+
+    package = Path(importlib.util.find_spec("tvm.s_tir.tensor_intrin").origin)
+    imported = {alias.name for node in ast.walk(ast.parse(package.read_text()))
+                if isinstance(node, ast.ImportFrom) and node.level == 1 for alias in node.names}
+    assert "cuda" in imported
+    assert set(intrinsic_modules(tvm.target.Target(dict(resolve_profile("a100", None).target)))) == imported

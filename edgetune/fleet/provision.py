@@ -53,7 +53,7 @@ if arg["op"] == "start" and pid is None:
     os.makedirs(arg["dir"], exist_ok=True)
     with open(log_file, "ab") as log:
         pid = subprocess.Popen(arg["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True, cwd=arg["dir"]).pid
+                               start_new_session=True, cwd=arg["dir"], env=dict(os.environ, **arg["env"])).pid
     open(pid_file, "w").write("%d\n" % pid)
     print(json.dumps({"pid": pid, "started": True}))
 elif arg["op"] == "stop":
@@ -107,9 +107,11 @@ def _markers(spec: SshSpec) -> list[str]:
     return [SERVER_MODULE, f"--key {spec.key}"]
 
 
-def _process(client: paramiko.SSHClient, spec: SshSpec, op: str, argv: list[str] | None = None) -> dict:
+def _process(client: paramiko.SSHClient, spec: SshSpec, op: str, argv: list[str] | None = None,
+             env: dict[str, str] | None = None) -> dict:
     """Start, stop or look at the device's server process through its pid file."""
-    argument = {"op": op, "dir": spec.workdir, "name": spec.key, "markers": _markers(spec), "argv": argv}
+    argument = {"op": op, "dir": spec.workdir, "name": spec.key, "markers": _markers(spec), "argv": argv,
+                "env": env or {}}
     code, out, err = ssh.run_python(client, spec.python, _PROCESS_SCRIPT, argument)
     if code != 0:
         raise BuildError(f"{spec.host}: managing the RPC server failed: {(err or out).strip()[-400:]}")
@@ -160,7 +162,8 @@ def provision(recipe: Recipe, target: FleetTarget, report: Report) -> None:
     spec = target.connection.ssh
     address = tracker_address(recipe, target)
     assert address is not None
-    arch = device_arch(resolve_profile(target.profile, target.overrides))
+    profile = resolve_profile(target.profile, target.overrides)
+    arch = device_arch(profile)
     directory = fleet_dir(recipe)
     with ssh.connect(target.name, spec, recipe.base_dir) as client:
         info = check_device(target.name, client, spec, arch)
@@ -186,7 +189,9 @@ def provision(recipe: Recipe, target: FleetTarget, report: Report) -> None:
                      "--port", str(link.local_port), "--port-end", str(link.local_port + 1),
                      "--custom-addr", "127.0.0.1"]
             route = f"through an SSH tunnel (helper pid {link.pid})"
-        pid = _process(client, spec, "start", argv)["pid"]
+        # Kernels run on the profile's cores, as on the machine that tunes for it (TVM on x86 runs half the CPUs).
+        env = {"TVM_NUM_THREADS": str(profile.hardware.cores)} if profile.device == "cpu" and profile.hardware.cores else {}
+        pid = _process(client, spec, "start", argv, env)["pid"]
         if not tracker.wait_for_servers(address, spec.key, before + 1, _REGISTER_TIMEOUT_S):
             log = server_status(client, spec).get("log", "")
             _process(client, spec, "stop")

@@ -35,7 +35,7 @@ _TARGET_DEFAULTS: dict[str, Any] = {
 }
 _TASK_DEFAULTS: dict[str, Any] = {
     "weight": 1, "trials": 0, "trials_measured_now": 0, "best_us": None, "gflops": None, "skipped_for_budget": False,
-    "candidates": None,
+    "space_exhausted": False, "candidates": None,
 }
 
 Curve = list[tuple[float, float]]

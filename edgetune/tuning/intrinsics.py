@@ -21,6 +21,11 @@ _CPU_MODULES = ("x86", "arm_cpu", "riscv_cpu")
 _PACKAGE_MODULES = ("cuda", "arm_cpu", "x86", "rocm", "hexagon", "riscv_cpu")  # what its __init__ imports
 
 
+def intrinsic_modules(target: tvm.target.Target) -> tuple[str, ...]:
+    """The modules of TVM's intrinsics package whose intrinsics `target`'s schedule rules may use."""
+    return _CPU_MODULES if target.kind.name == "llvm" else _PACKAGE_MODULES
+
+
 def register_tensor_intrinsics(target: tvm.target.Target) -> None:
     """Make the intrinsics `target`'s schedule rules may look up available, before any TuneContext."""
     if _PACKAGE not in sys.modules:
@@ -28,5 +33,5 @@ def register_tensor_intrinsics(target: tvm.target.Target) -> None:
         package = importlib.util.module_from_spec(spec)  # not executed: its submodules load on demand
         sys.modules[_PACKAGE] = package
         importlib.import_module("tvm.s_tir").tensor_intrin = package
-    for name in _CPU_MODULES if target.kind.name == "llvm" else _PACKAGE_MODULES:
+    for name in intrinsic_modules(target):
         importlib.import_module(f"{_PACKAGE}.{name}")

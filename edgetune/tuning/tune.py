@@ -21,6 +21,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.measure_callback import MeasureCallback, PyMeasureCallback
 
+from edgetune.compile import use_cpu_threads
 from edgetune.errors import EdgetuneError
 from edgetune.fleet.endpoints import RemoteDevice
 from edgetune.profiles import Hardware
@@ -76,6 +77,7 @@ class TaskOutcome:
     trials_measured: int  # measured by this build
     best_us: float | None
     skipped_for_budget: bool = False
+    space_exhausted: bool = False  # the search ran out of schedules it had not measured
     tuning_s: float = 0.0  # spent tuning this task in this build, all passes
     search: SearchCounts = field(default_factory=SearchCounts)  # draft-verify's candidates per stage
 
@@ -201,8 +203,10 @@ def _cost_model(plan: TuningPlan, store: RecordStore, stats: TransferStats | Non
 
 
 def _measurers(plan: TuningPlan, stop: threading.Event):
-    """Candidates built and run here, or linked for the device and measured on it over RPC."""
+    """Candidates built and run here, on the target's cores, or linked for the device and measured on it over RPC."""
     if plan.remote is None:
+        if plan.device == "cpu":
+            use_cpu_threads(plan.cores)  # inherited by the runner's workers
         return (create_builder(max_workers=plan.cores, initializer=_ignore_interrupts),
                 ms.runner.LocalRunner(initializer=_ignore_interrupts))
     builder = create_builder(max_workers=plan.cores, initializer=_ignore_interrupts,
@@ -239,13 +243,14 @@ def tune(
             for position in order:
                 index, (task, done), outcome = position + 1, pending[position], result.tasks[position]
                 missing = cap - done - outcome.trials_measured
-                if missing <= 0:
+                if missing <= 0 or outcome.space_exhausted:
                     continue
                 if plan.time_budget_s is not None:
                     missing = trials_that_fit(missing, outcome, plan.time_budget_s - (time.monotonic() - started))
                     if missing <= 0:
                         outcome.skipped_for_budget = True
                         continue
+                measured_before = outcome.trials_measured
                 try:
                     _tune_one(task, index, len(tasks), missing, target, store, plan, builder, runner, cost_model,
                               outcome, progress, started, stop, logs_dir or store.directory / "logs",
@@ -253,6 +258,9 @@ def tune(
                 except Exception:  # the stop request comes back through TVM's C++ loop, maybe re-wrapped
                     if not stop.is_set():
                         raise
+                # MetaSchedule ends a task early only when its search has no new candidate: later passes
+                # would evolve a population to find none again
+                outcome.space_exhausted = outcome.trials_measured - measured_before < missing
                 if stop.is_set():
                     measured = sum(t.trials_measured for t in result.tasks)
                     kept = f"the {measured} measurements of this run are kept in {store.directory}"
@@ -327,6 +335,8 @@ def _tune_one(task, index, total, trials, target, store, plan, builder, runner, 
 
     def on_batch(measured: int, fastest: float | None) -> None:
         nonlocal best
+        if measured == 0:  # the search found no new candidate (it gives up after a few such rounds)
+            return
         outcome.trials_measured += measured
         if fastest is not None and (best is None or fastest < best):
             best = fastest
