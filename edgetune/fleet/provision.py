@@ -189,8 +189,9 @@ def provision(recipe: Recipe, target: FleetTarget, report: Report) -> None:
                      "--port", str(link.local_port), "--port-end", str(link.local_port + 1),
                      "--custom-addr", "127.0.0.1"]
             route = f"through an SSH tunnel (helper pid {link.pid})"
-        # Kernels run on the profile's cores, as on the machine that tunes for it (TVM on x86 runs half the CPUs).
-        env = {"TVM_NUM_THREADS": str(profile.hardware.cores)} if profile.device == "cpu" and profile.hardware.cores else {}
+        # Kernels run on the profile's cores, as tuned for (left alone, TVM on x86 runs half the CPUs)
+        cores = profile.hardware.cores if profile.device == "cpu" else None
+        env = {"TVM_NUM_THREADS": str(cores)} if cores else {}
         pid = _process(client, spec, "start", argv, env)["pid"]
         if not tracker.wait_for_servers(address, spec.key, before + 1, _REGISTER_TIMEOUT_S):
             log = server_status(client, spec).get("log", "")
