@@ -450,8 +450,8 @@ def _measure(relax_mod, tvm_target, library, model, samples, reference, profile,
     device = tvm.device(profile.device, 0)
     sample_list = [samples[i.name] for i in model.inputs]
     untuned = export_library(compile_model(relax_mod, tvm_target, None, winograd), work / "untuned.so")
-    if profile.device == "cpu":
-        use_cpu_threads(profile.hardware.cores or 1)  # as many as ONNX Runtime is given
+    if profile.cpu_threads:
+        use_cpu_threads(profile.cpu_threads)  # as many as ONNX Runtime is given
     return {
         "tuned": time_model(load_library(library, device), sample_list, device),
         "untuned": time_model(load_library(untuned, device), sample_list, device),
@@ -537,7 +537,7 @@ def _template_context(recipe, target, profile, toolchain, model, latency, measur
         "profile": profile.name,
         "tvm_target": json.dumps(profile.target, sort_keys=True),
         "device": profile.device,
-        "cpu_threads": profile.hardware.cores if profile.device == "cpu" else None,
+        "cpu_threads": profile.cpu_threads,
         "arch": toolchain.arch,
         "cxx": toolchain.cxx.name if toolchain.cxx else "g++",
         "edgetune_version": edgetune.__version__,

@@ -126,6 +126,11 @@ class DeviceProfile(_Strict):
         return Target(self.target, host=self.host) if self.host else Target(self.target)
 
     @property
+    def cpu_threads(self) -> int | None:
+        """Threads TVM's runtime runs kernels on, for CPU devices: the profile's cores (required there)."""
+        return self.hardware.cores if self.device == "cpu" else None
+
+    @property
     def is_native(self) -> bool:
         """True when this machine's own compiler builds for it (no cross compiler, same ISA)."""
         if self.cross_compiler is not None:

@@ -19,11 +19,11 @@ print(tvm.get_global_func("runtime.NumThreads")(), worker.stdout.strip())
 """
 
 
-def pool_sizes(cores: int, **env: str) -> list[str]:
+def pool_sizes(cores: int) -> list[str]:
     """This process's pool size and a worker's it starts, after `use_cpu_threads(cores)`."""
     clean = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
     run = subprocess.run([sys.executable, "-c", SCRIPT.format(cores=cores)], capture_output=True, text=True,
-                         env={**clean, **env}, timeout=120, check=False)
+                         env=clean, timeout=120, check=False)
     assert run.returncode == 0, run.stderr
     return run.stdout.split()
 

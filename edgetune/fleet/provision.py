@@ -190,8 +190,7 @@ def provision(recipe: Recipe, target: FleetTarget, report: Report) -> None:
                      "--custom-addr", "127.0.0.1"]
             route = f"through an SSH tunnel (helper pid {link.pid})"
         # Kernels run on the profile's cores, as tuned for (left alone, TVM on x86 runs half the CPUs)
-        cores = profile.hardware.cores if profile.device == "cpu" else None
-        env = {"TVM_NUM_THREADS": str(cores)} if cores else {}
+        env = {"TVM_NUM_THREADS": str(profile.cpu_threads)} if profile.cpu_threads else {}
         pid = _process(client, spec, "start", argv, env)["pid"]
         if not tracker.wait_for_servers(address, spec.key, before + 1, _REGISTER_TIMEOUT_S):
             log = server_status(client, spec).get("log", "")
