@@ -1,5 +1,5 @@
-"""How a tuning budget is spread over a model's tasks: passes of growing trial caps, each after the
-first in order of the time the model spends in each kernel."""
+"""How a tuning budget is spread over a model's tasks: a short first pass over all of them, then each
+round to the task expected to save the model the most latency per second of tuning."""
 
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ from pathlib import Path
 
 import tvm
 from tvm import te
-from tvm.s_tir.meta_schedule.database import TuningRecord
 
 from edgetune.tuning import tune as tune_module
 from edgetune.tuning.records import RecordStore
 from edgetune.tuning.tasks import TuningTask
-from edgetune.tuning.tune import TaskOutcome, TuningPlan, by_model_time, trial_caps, trials_that_fit, tune
+from edgetune.tuning.tune import TaskOutcome, TuningPlan, next_round, trials_that_fit, tune
 
 
 def _task(name: str, n: int, weight: int) -> TuningTask:
@@ -21,36 +20,47 @@ def _task(name: str, n: int, weight: int) -> TuningTask:
     return TuningTask(name, tvm.IRModule({"main": te.create_prim_func([a, b])}), weight, float(n))
 
 
-def _measured(store: RecordStore, task: TuningTask, seconds: float) -> None:
-    """A record of a schedule of the task with this run time, as if it had been measured."""
-    workload = store.database.commit_workload(task.mod)
-    schedule = tvm.s_tir.Schedule(task.mod)
-    (loop,) = schedule.get_loops(schedule.get_sblock("B"))
-    schedule.split(loop, [None, 4])
-    trace = schedule.trace
-    store.database.commit_tuning_record(TuningRecord(trace, workload, [seconds], tvm.target.Target({"kind": "llvm"})))
+def _tuned(name: str, weight: int, best_us: float | None, tuning_s: float, last_round_s: float = 0.0,
+           last_round_gain_us: float = 0.0, trials: int = 64, **flags: bool) -> TaskOutcome:
+    return TaskOutcome(name, weight, 1.0, trials_before=0, trials_measured=trials, best_us=best_us, tuning_s=tuning_s,
+                       last_round_s=last_round_s, last_round_gain_us=last_round_gain_us, **flags)
 
 
-def test_later_passes_go_to_the_kernels_the_model_spends_most_time_in(tmp_path: Path) -> None:
-    store = RecordStore(tmp_path / "store")
-    heavy_by_flops = _task("many_flops_fast", 4096, weight=1)
-    called_often = _task("called_three_times", 64, weight=3)
-    untuned = _task("no_valid_record", 128, weight=1)
-    _measured(store, heavy_by_flops, 1.0e-3)
-    _measured(store, called_often, 0.5e-3)  # 3 x 0.5 ms per inference beats 1 x 1 ms
-    tasks = [heavy_by_flops, called_often, untuned]
-    assert [tasks[i].name for i in by_model_time(tasks, store)] == [
-        "no_valid_record", "called_three_times", "many_flops_fast"]
+def _picked(outcomes: list[TaskOutcome], trials_per_task: int = 512) -> str | None:
+    position = next_round(outcomes, trials_per_task)
+    return None if position is None else outcomes[position].name
 
 
-def test_a_budget_gets_a_short_first_pass_then_doubling_caps() -> None:
-    def caps(trials: int, budget_s: float | None) -> list[int]:
-        return trial_caps(TuningPlan(trials, budget_s, "evolutionary", 0, 2))
+def test_a_round_goes_where_it_is_expected_to_save_the_model_the_most_time_per_second() -> None:
+    # called 4 times at 1 ms, tuned 400 s: 4 x 0.8 x 1000 / 400 + 4 x 0.2 x 50 / 100 = 8.4 us/s
+    conv = _tuned("conv_called_4_times", 4, 1000.0, tuning_s=400.0, last_round_s=100.0, last_round_gain_us=50.0)
+    # a light kernel tuned only briefly still promises more: 0.8 x 300 / 20 = 12 us/s
+    light = _tuned("light_kernel", 1, 300.0, tuning_s=20.0, last_round_s=10.0)
+    assert _picked([conv, light]) == "light_kernel"
+    light.best_us, light.tuning_s = 100.0, 200.0  # tuned 10 times longer: 0.4 us/s
+    assert _picked([conv, light]) == "conv_called_4_times"
 
-    assert caps(32, None) == [32]  # no budget: every task gets its trials in one go, heaviest first
-    assert caps(200, 600.0) == [8, 64, 128, 200]
-    assert caps(6, 600.0) == [6]
-    assert caps(1_000_000, 3600.0)[:5] == [8, 64, 128, 256, 512]
+
+def test_the_round_a_task_just_gained_in_counts_for_it() -> None:
+    stalled = _tuned("stalled", 1, 500.0, tuning_s=100.0, last_round_s=50.0)
+    improving = _tuned("improving", 1, 500.0, tuning_s=100.0, last_round_s=50.0, last_round_gain_us=100.0)
+    assert _picked([stalled, improving]) == "improving"
+
+
+def test_tasks_without_a_round_in_this_build_or_a_valid_record_come_first_in_their_order() -> None:
+    tuned = _tuned("tuned", 100, 5000.0, tuning_s=10.0)
+    resumed = _tuned("resumed_from_an_earlier_build", 1, 10.0, tuning_s=0.0)
+    invalid = _tuned("no_valid_record", 1, None, tuning_s=30.0)
+    assert _picked([tuned, resumed, invalid]) == "resumed_from_an_earlier_build"
+    assert _picked([tuned, invalid, resumed]) == "no_valid_record"
+
+
+def test_no_round_for_a_task_out_of_trials_schedules_or_budget() -> None:
+    done = _tuned("all_trials_measured", 9, 900.0, tuning_s=1.0, trials=512)
+    exhausted = _tuned("out_of_schedules", 9, 900.0, tuning_s=1.0, space_exhausted=True)
+    cut = _tuned("budget_spent", 9, 900.0, tuning_s=1.0, skipped_for_budget=True)
+    assert _picked([done, exhausted, cut]) is None
+    assert _picked([done, exhausted, cut, _tuned("open", 1, 1.0, tuning_s=100.0)]) == "open"
 
 
 def test_a_round_is_cut_to_what_fits_in_the_budget_at_the_pace_of_earlier_rounds() -> None:
@@ -78,6 +88,6 @@ def test_a_task_whose_schedules_are_all_measured_is_not_searched_again(tmp_path:
                   store, plan)
     (outcome,) = result.tasks
     assert outcome.space_exhausted
-    assert 0 < outcome.trials_measured < trial_caps(plan)[0]
-    assert visits == ["tiny_elementwise"]  # one pass of four
+    assert 0 < outcome.trials_measured < 8  # fewer than the first pass asked for
+    assert visits == ["tiny_elementwise"]  # no round after that
     assert [entry["measured"] for entry in store.read_log()] == [outcome.trials_measured]  # no empty batches

@@ -2,12 +2,14 @@
 
 Each task gets `trials_per_task` measurements in total across builds: what the target's record
 store already holds counts, so re-running a finished build measures nothing. One cost model is
-shared by all tasks of a target (as in `tune_tasks`), and tasks run one after another, heaviest
-first, so a time budget is spent where the model spends its time.
+shared by all tasks of a target (as in `tune_tasks`). Under a time budget, after a short first pass
+over every task, each round goes to the task expected to save the model the most latency per second
+of tuning (Ansor's task scheduler), so the budget is spent where the model spends its time.
 """
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
@@ -38,6 +40,7 @@ _MAX_TRIALS_PER_ROUND = 64  # MetaSchedule's default num_trials_per_iter
 _FIRST_PASS_TRIALS = 8
 _POPULATION_PER_TRIAL = 8  # MetaSchedule's defaults: a population of 512 for 64 trials per round
 _MIN_POPULATION = 64
+_OBSERVED_SHARE = 0.2  # Ansor's alpha: the last round's observed gain against the optimistic estimate
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,9 @@ class TaskOutcome:
     best_us: float | None
     skipped_for_budget: bool = False
     space_exhausted: bool = False  # the search ran out of schedules it had not measured
-    tuning_s: float = 0.0  # spent tuning this task in this build, all passes
+    tuning_s: float = 0.0  # spent tuning this task in this build, all rounds
+    last_round_s: float = 0.0  # how long its latest round took
+    last_round_gain_us: float = 0.0  # how much its latest round lowered its best latency
     search: SearchCounts = field(default_factory=SearchCounts)  # draft-verify's candidates per stage
 
     @property
@@ -237,56 +242,52 @@ def tune(
             register_tensor_intrinsics(target)
             builder, runner = _measurers(plan, stop)
             cost_model = _cost_model(plan, store, result.transfer)
-        result.tasks = [TaskOutcome(t.name, t.weight, t.flops, done, 0, None) for t, done in pending]
-        for pass_number, cap in enumerate(trial_caps(plan)):
-            order = range(len(tasks)) if pass_number == 0 else by_model_time(tasks, store)
-            for position in order:
-                index, (task, done), outcome = position + 1, pending[position], result.tasks[position]
-                missing = cap - done - outcome.trials_measured
-                if missing <= 0 or outcome.space_exhausted:
-                    continue
-                if plan.time_budget_s is not None:
-                    missing = trials_that_fit(missing, outcome, plan.time_budget_s - (time.monotonic() - started))
-                    if missing <= 0:
-                        outcome.skipped_for_budget = True
-                        continue
-                measured_before = outcome.trials_measured
-                try:
-                    _tune_one(task, index, len(tasks), missing, target, store, plan, builder, runner, cost_model,
-                              outcome, progress, started, stop, logs_dir or store.directory / "logs",
-                              result.transfer)
-                except Exception:  # the stop request comes back through TVM's C++ loop, maybe re-wrapped
-                    if not stop.is_set():
-                        raise
-                # MetaSchedule ends a task early only when its search has no new candidate: later passes
-                # would evolve a population to find none again
-                outcome.space_exhausted = outcome.trials_measured - measured_before < missing
-                if stop.is_set():
-                    measured = sum(t.trials_measured for t in result.tasks)
-                    kept = f"the {measured} measurements of this run are kept in {store.directory}"
-                    if plan.remote is not None and runner.lost:
-                        raise DeviceLost(f"{runner.lost}: tuning stopped; {kept}; run the same command again "
-                                         "to resume once a server is back")
-                    raise TuningInterrupted(f"interrupted: {kept}; run the same command again to resume")
+        result.tasks = [TaskOutcome(t.name, t.weight, t.flops, done, 0, store_best_us(store, t)) for t, done in pending]
+
+        def tune_round(position: int, trials: int) -> None:
+            """Up to `trials` more measurements of one task, cut to what fits in the budget."""
+            task, outcome = tasks[position], result.tasks[position]
+            if plan.time_budget_s is not None:
+                trials = trials_that_fit(trials, outcome, plan.time_budget_s - (time.monotonic() - started))
+                if trials <= 0:
+                    outcome.skipped_for_budget = True
+                    return
+            measured_before, best_before, round_started = outcome.trials_measured, outcome.best_us, time.monotonic()
+            try:
+                _tune_one(task, position + 1, len(tasks), trials, target, store, plan, builder, runner, cost_model,
+                          outcome, progress, started, stop, logs_dir or store.directory / "logs", result.transfer)
+            except Exception:  # the stop request comes back through TVM's C++ loop, maybe re-wrapped
+                if not stop.is_set():
+                    raise
+            # MetaSchedule ends a task early only when its search has no new candidate: another round
+            # would evolve a population to find none again
+            outcome.space_exhausted = outcome.trials_measured - measured_before < trials
+            outcome.best_us = store_best_us(store, task)
+            outcome.last_round_s = time.monotonic() - round_started
+            outcome.last_round_gain_us = (best_before - outcome.best_us
+                                          if best_before is not None and outcome.best_us is not None else 0.0)
+            if stop.is_set():
+                measured = sum(t.trials_measured for t in result.tasks)
+                kept = f"the {measured} measurements of this run are kept in {store.directory}"
+                if plan.remote is not None and runner.lost:
+                    raise DeviceLost(f"{runner.lost}: tuning stopped; {kept}; run the same command again "
+                                     "to resume once a server is back")
+                raise TuningInterrupted(f"interrupted: {kept}; run the same command again to resume")
+
+        first_pass = plan.trials_per_task if plan.time_budget_s is None else min(_FIRST_PASS_TRIALS,
+                                                                                   plan.trials_per_task)
+        for position, (_, done) in enumerate(pending):
+            if first_pass > done:
+                tune_round(position, first_pass - done)
+        if plan.time_budget_s is not None:
+            while (position := next_round(result.tasks, plan.trials_per_task)) is not None:
+                outcome = result.tasks[position]  # once the budget is spent, each is marked skipped in turn
+                tune_round(position, min(_MAX_TRIALS_PER_ROUND, plan.trials_per_task - outcome.trials_before
+                                         - outcome.trials_measured))
         for index, ((task, done), outcome) in enumerate(zip(pending, result.tasks), start=1):
             _finish_task(task, index, len(tasks), done, outcome, store, plan, progress, started)
     result.wall_s = time.monotonic() - started
     return result
-
-
-def trial_caps(plan: TuningPlan) -> list[int]:
-    """Trial caps per pass over the tasks. Under a time budget a first short pass gives every task
-    some tuning (an untuned kernel is a naive loop nest, slow enough to dominate the model's latency);
-    then each pass doubles the cap, from one full round, and goes to the tasks in order of the time
-    the model spends in them, so a budget that runs out mid-pass has been spent where it pays."""
-    if plan.time_budget_s is None or plan.trials_per_task <= _FIRST_PASS_TRIALS:
-        return [plan.trials_per_task]
-    caps = [_FIRST_PASS_TRIALS]
-    cap = _MAX_TRIALS_PER_ROUND
-    while cap < plan.trials_per_task:
-        caps.append(cap)
-        cap *= 2
-    return caps + [plan.trials_per_task]
 
 
 def trials_that_fit(trials: int, outcome: TaskOutcome, left_s: float) -> int:
@@ -300,23 +301,44 @@ def trials_that_fit(trials: int, outcome: TaskOutcome, left_s: float) -> int:
     return min(trials, int(left_s * outcome.trials_measured / outcome.tuning_s))
 
 
-def by_model_time(tasks: list[TuningTask], store: RecordStore) -> list[int]:
-    """Positions of `tasks`, the one the model spends the most time in first: weight x its best
-    record's latency, tasks without a valid record before all others (their kernels are untuned).
+def next_round(outcomes: list[TaskOutcome], trials_per_task: int) -> int | None:
+    """Position of the task whose next round is expected to save the model the most latency per second
+    of tuning; None when no task can take one (all tuned, out of schedules, or cut by the budget).
 
-    After a first pass every task has measurements, and they are a better guide to where more
-    trials pay than FLOPs: memory-bound kernels and Winograd's transforms take time their FLOPs do
-    not show."""
-    def seconds(task: TuningTask) -> float:
-        best = store.best_seconds(task)
-        return task.weight * best if best is not None else float("inf")
+    Tasks not tuned yet in this build come first, in their order (heaviest first)."""
+    open_positions = [p for p, o in enumerate(outcomes) if _wants_trials(o, trials_per_task)]
+    if not open_positions:
+        return None
+    return max(open_positions, key=lambda p: (gain_rate(outcomes[p]), -p))
 
-    return sorted(range(len(tasks)), key=lambda position: -seconds(tasks[position]))
+
+def gain_rate(outcome: TaskOutcome) -> float:
+    """Seconds of model latency that a second more of tuning this task is expected to save.
+
+    Ansor's task-scheduler gradient, per second of tuning instead of per round (a Winograd
+    convolution's round costs three times a 1x1 convolution's): weight (calls per inference) times
+    a mix of the latency its last round saved per second and the optimistic best / time tuned so far,
+    which assumes it can improve as much again as it has. A task's share of the budget so tends to its
+    share of the model's time, and grows while it keeps improving."""
+    if outcome.best_us is None or outcome.tuning_s <= 0:
+        return math.inf
+    observed = outcome.last_round_gain_us / outcome.last_round_s if outcome.last_round_s > 0 else 0.0
+    optimistic = outcome.best_us / outcome.tuning_s
+    return outcome.weight * (_OBSERVED_SHARE * observed + (1 - _OBSERVED_SHARE) * optimistic) * 1e-6
+
+
+def _wants_trials(outcome: TaskOutcome, trials_per_task: int) -> bool:
+    return (not outcome.space_exhausted and not outcome.skipped_for_budget
+            and outcome.trials_before + outcome.trials_measured < trials_per_task)
+
+
+def store_best_us(store: RecordStore, task: TuningTask) -> float | None:
+    best = store.best_seconds(task)
+    return best * 1e6 if best is not None else None
 
 
 def _finish_task(task, index, total, done, outcome, store, plan, progress, started) -> None:
-    best = store.best_seconds(task)
-    outcome.best_us = best * 1e6 if best is not None else None
+    outcome.best_us = store_best_us(store, task)
     if progress and outcome.trials_measured == 0 and plan.trials_per_task > 0 and not outcome.skipped_for_budget:
         progress(TaskProgress(index, total, task.name, done, plan.trials_per_task, outcome.best_us,
                               time.monotonic() - started))
