@@ -252,16 +252,21 @@ def tune(
                 if trials <= 0:
                     outcome.skipped_for_budget = True
                     return
+            # under a budget a round is done at 7/8 of its trials: MetaSchedule's search now and then returns
+            # a candidate or two fewer than asked, and a second iteration for those would evolve a whole
+            # population again (a minute on a Winograd convolution)
+            enough = trials if plan.time_budget_s is None else trials - trials // 8
             measured_before, best_before, round_started = outcome.trials_measured, outcome.best_us, time.monotonic()
             try:
-                _tune_one(task, position + 1, len(tasks), trials, target, store, plan, builder, runner, cost_model,
-                          outcome, progress, started, stop, logs_dir or store.directory / "logs", result.transfer)
+                _tune_one(task, position + 1, len(tasks), trials, enough, target, store, plan, builder, runner,
+                          cost_model, outcome, progress, started, stop, logs_dir or store.directory / "logs",
+                          result.transfer)
             except Exception:  # the stop request comes back through TVM's C++ loop, maybe re-wrapped
                 if not stop.is_set():
                     raise
             # MetaSchedule ends a task early only when its search has no new candidate: another round
             # would evolve a population to find none again
-            outcome.space_exhausted = outcome.trials_measured - measured_before < trials
+            outcome.space_exhausted = outcome.trials_measured - measured_before < enough
             outcome.best_us = store_best_us(store, task)
             outcome.last_round_s = time.monotonic() - round_started
             outcome.last_round_gain_us = (best_before - outcome.best_us
@@ -350,8 +355,9 @@ def _key(task: TuningTask) -> int:
     return tvm_ffi.structural_hash(task.mod)
 
 
-def _tune_one(task, index, total, trials, target, store, plan, builder, runner, cost_model, outcome, progress,
-              tuning_started, stop, logs_dir, transfer):
+def _tune_one(task, index, total, trials, enough, target, store, plan, builder, runner, cost_model, outcome,
+              progress, tuning_started, stop, logs_dir, transfer):
+    """Up to `trials` measurements of one task; no further search iteration once `enough` were sent."""
     task_started = time.monotonic()
     best = store.best_seconds(task)
 
@@ -390,7 +396,7 @@ def _tune_one(task, index, total, trials, target, store, plan, builder, runner, 
         tasks=[context],
         task_weights=[float(task.weight)],
         work_dir=str(logs_dir),
-        max_trials_global=trials,
+        max_trials_global=enough,  # counts candidates sent: the loop ends once it is reached
         max_trials_per_task=trials,
         num_trials_per_iter=per_round,
         builder=builder,
