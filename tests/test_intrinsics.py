@@ -1,4 +1,4 @@
-"""Tuning a CPU target registers the CPU tensorization intrinsics only, not every backend's."""
+"""Tuning a CPU or OpenCL target registers the intrinsics its schedule rules can use, not every backend's."""
 
 from __future__ import annotations
 
@@ -38,7 +38,13 @@ def test_a_cpu_target_gets_the_x86_and_arm_intrinsics_and_no_cuda() -> None:
     assert "wmma_sync_16x16x16_f16f16f32 False" in out and "cuda module False" in out
 
 
-def test_a_gpu_target_gets_every_module_tvm_registers() -> None:
+def test_an_opencl_target_generates_its_space_without_any_intrinsics() -> None:
+    out = _registered({"kind": "opencl", "device": "mali", "max_threads_per_block": 256,
+                       "max_shared_memory_per_block": 16384, "thread_warp_size": 1})
+    assert "dot_16x4_vnni False" in out and "wmma_sync_16x16x16_f16f16f32 False" in out and "cuda module False" in out
+
+
+def test_a_cuda_target_gets_every_module_tvm_registers() -> None:
     """What TVM's package import would load (importing it takes ~100 s here: CUDA's intrinsics are parsed)."""
     import ast
     import importlib.util
