@@ -242,7 +242,7 @@ def tune(
             register_tensor_intrinsics(target)
             builder, runner = _measurers(plan, stop)
             cost_model = _cost_model(plan, store, result.transfer)
-        result.tasks = [TaskOutcome(t.name, t.weight, t.flops, done, 0, store_best_us(store, t)) for t, done in pending]
+        result.tasks = [TaskOutcome(t.name, t.weight, t.flops, done, 0, _best_us(store, t)) for t, done in pending]
 
         def tune_round(position: int, trials: int) -> None:
             """Up to `trials` more measurements of one task, cut to what fits in the budget."""
@@ -267,7 +267,7 @@ def tune(
             # MetaSchedule ends a task early only when its search has no new candidate: another round
             # would evolve a population to find none again
             outcome.space_exhausted = outcome.trials_measured - measured_before < enough
-            outcome.best_us = store_best_us(store, task)
+            outcome.best_us = _best_us(store, task)
             outcome.last_round_s = time.monotonic() - round_started
             outcome.last_round_gain_us = (best_before - outcome.best_us
                                           if best_before is not None and outcome.best_us is not None else 0.0)
@@ -337,13 +337,13 @@ def _wants_trials(outcome: TaskOutcome, trials_per_task: int) -> bool:
             and outcome.trials_before + outcome.trials_measured < trials_per_task)
 
 
-def store_best_us(store: RecordStore, task: TuningTask) -> float | None:
+def _best_us(store: RecordStore, task: TuningTask) -> float | None:
     best = store.best_seconds(task)
     return best * 1e6 if best is not None else None
 
 
 def _finish_task(task, index, total, done, outcome, store, plan, progress, started) -> None:
-    outcome.best_us = store_best_us(store, task)
+    outcome.best_us = _best_us(store, task)
     if progress and outcome.trials_measured == 0 and plan.trials_per_task > 0 and not outcome.skipped_for_budget:
         progress(TaskProgress(index, total, task.name, done, plan.trials_per_task, outcome.best_us,
                               time.monotonic() - started))
