@@ -290,7 +290,7 @@ def tune(
                 tune_round(position, min(_MAX_TRIALS_PER_ROUND, plan.trials_per_task - outcome.trials_before
                                          - outcome.trials_measured))
         for index, ((task, done), outcome) in enumerate(zip(pending, result.tasks), start=1):
-            _finish_task(task, index, len(tasks), done, outcome, store, plan, progress, started)
+            _finish_task(task, index, len(tasks), done, outcome, plan, progress, started)
     result.wall_s = time.monotonic() - started
     return result
 
@@ -342,8 +342,8 @@ def _best_us(store: RecordStore, task: TuningTask) -> float | None:
     return best * 1e6 if best is not None else None
 
 
-def _finish_task(task, index, total, done, outcome, store, plan, progress, started) -> None:
-    outcome.best_us = _best_us(store, task)
+def _finish_task(task, index, total, done, outcome, plan, progress, started) -> None:
+    """A task this build measured nothing of still shows in the progress, with its stored best."""
     if progress and outcome.trials_measured == 0 and plan.trials_per_task > 0 and not outcome.skipped_for_budget:
         progress(TaskProgress(index, total, task.name, done, plan.trials_per_task, outcome.best_us,
                               time.monotonic() - started))
