@@ -47,6 +47,31 @@ def test_the_round_a_task_just_gained_in_counts_for_it() -> None:
     assert _picked([stalled, improving]) == "improving"
 
 
+def test_a_task_without_a_gain_in_two_rounds_waits_until_every_improving_task_is_done() -> None:
+    """Ansor's per-task early stopping, softened: in the 60-minute ResNet-18 build the stage-4 Winograd
+    convolution got 256 trials (509 s) after its last gain and none of them gained."""
+    heavy = _tuned("heavy_but_stalled", 3, 1070.0, tuning_s=300.0, last_round_s=120.0)
+    light = _tuned("light_and_improving", 1, 200.0, tuning_s=100.0, last_round_s=30.0)
+    assert _picked([heavy, light]) == "heavy_but_stalled"  # 8.6 against 1.6 us/s
+    heavy.trials_since_gain = 112  # two rounds of 64, each done at 7/8
+    assert _picked([heavy, light]) == "light_and_improving"
+    light.trials_measured = 512  # the improving task is done: the stalled one gets the rest of the budget
+    assert _picked([heavy, light]) == "heavy_but_stalled"
+
+
+def test_a_round_counts_as_a_gain_only_when_it_lowers_the_best_by_1_percent() -> None:
+    outcome = _tuned("conv", 1, 1000.0, tuning_s=100.0)
+    outcome.finish_round(best_us=995.0, measured=64, seconds=50.0)  # within this machine's noise
+    assert (outcome.trials_since_gain, outcome.last_round_gain_us, outcome.last_round_s) == (64, 5.0, 50.0)
+    outcome.finish_round(best_us=995.0, measured=40, seconds=30.0)  # a round cut by the budget
+    assert outcome.trials_since_gain == 104
+    outcome.finish_round(best_us=900.0, measured=64, seconds=50.0)
+    assert (outcome.trials_since_gain, outcome.best_us) == (0, 900.0)
+    fresh = TaskOutcome("fresh", 1, 1.0, trials_before=0, trials_measured=0, best_us=None)
+    fresh.finish_round(best_us=300.0, measured=8, seconds=5.0)  # a first valid record is a gain
+    assert (fresh.trials_since_gain, fresh.last_round_gain_us) == (0, 0.0)
+
+
 def test_tasks_without_a_round_in_this_build_or_a_valid_record_come_first_in_their_order() -> None:
     tuned = _tuned("tuned", 100, 5000.0, tuning_s=10.0)
     resumed = _tuned("resumed_from_an_earlier_build", 1, 10.0, tuning_s=0.0)

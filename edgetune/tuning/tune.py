@@ -4,7 +4,8 @@ Each task gets `trials_per_task` measurements in total across builds: what the t
 store already holds counts, so re-running a finished build measures nothing. One cost model is
 shared by all tasks of a target (as in `tune_tasks`). Under a time budget, after a short first pass
 over every task, each round goes to the task expected to save the model the most latency per second
-of tuning (Ansor's task scheduler), so the budget is spent where the model spends its time.
+of tuning (Ansor's task scheduler), so the budget is spent where the model spends its time; a task
+that stopped improving waits until no improving task is left.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ _FIRST_PASS_TRIALS = 8
 _POPULATION_PER_TRIAL = 8  # MetaSchedule's defaults: a population of 512 for 64 trials per round
 _MIN_POPULATION = 64
 _OBSERVED_SHARE = 0.2  # Ansor's alpha: the last round's observed gain against the optimistic estimate
+_MIN_GAIN = 0.01  # a round that lowers a task's best by less is within this machine's timing noise
+# two rounds, each done at 7/8 of its trials: in our builds' logs tasks often gained again after one round
+# without a gain, never after two
+_STALL_TRIALS = 2 * (_MAX_TRIALS_PER_ROUND - _MAX_TRIALS_PER_ROUND // 8)
 
 
 @dataclass(frozen=True)
@@ -84,11 +89,21 @@ class TaskOutcome:
     tuning_s: float = 0.0  # spent tuning this task in this build, all rounds
     last_round_s: float = 0.0  # how long its latest round took
     last_round_gain_us: float = 0.0  # how much its latest round lowered its best latency
+    trials_since_gain: int = 0  # measured in this build since a round last lowered its best by 1%
     search: SearchCounts = field(default_factory=SearchCounts)  # draft-verify's candidates per stage
 
     @property
     def gflops(self) -> float | None:
         return self.flops / self.best_us / 1e3 if self.best_us else None
+
+    def finish_round(self, best_us: float | None, measured: int, seconds: float) -> None:
+        """What the scheduler learns from a round: its pace, its gain, and whether the task still improves."""
+        before, self.best_us, self.last_round_s = self.best_us, best_us, seconds
+        if before is None or best_us is None:
+            self.last_round_gain_us, self.trials_since_gain = 0.0, 0
+            return
+        self.last_round_gain_us = before - best_us
+        self.trials_since_gain = 0 if best_us < before * (1 - _MIN_GAIN) else self.trials_since_gain + measured
 
 
 @dataclass
@@ -256,7 +271,7 @@ def tune(
             # a candidate or two fewer than asked, and a second iteration for those would evolve a whole
             # population again (a minute on a Winograd convolution)
             enough = trials if plan.time_budget_s is None else trials - trials // 8
-            measured_before, best_before, round_started = outcome.trials_measured, outcome.best_us, time.monotonic()
+            measured_before, round_started = outcome.trials_measured, time.monotonic()
             try:
                 _tune_one(task, position + 1, len(tasks), trials, enough, target, store, plan, builder, runner,
                           cost_model, outcome, progress, started, stop, logs_dir or store.directory / "logs",
@@ -266,11 +281,9 @@ def tune(
                     raise
             # MetaSchedule ends a task early only when its search has no new candidate: another round
             # would evolve a population to find none again
-            outcome.space_exhausted = outcome.trials_measured - measured_before < enough
-            outcome.best_us = _best_us(store, task)
-            outcome.last_round_s = time.monotonic() - round_started
-            outcome.last_round_gain_us = (best_before - outcome.best_us
-                                          if best_before is not None and outcome.best_us is not None else 0.0)
+            round_measured = outcome.trials_measured - measured_before
+            outcome.space_exhausted = round_measured < enough
+            outcome.finish_round(_best_us(store, task), round_measured, time.monotonic() - round_started)
             if stop.is_set():
                 measured = sum(t.trials_measured for t in result.tasks)
                 kept = f"the {measured} measurements of this run are kept in {store.directory}"
@@ -310,11 +323,14 @@ def next_round(outcomes: list[TaskOutcome], trials_per_task: int) -> int | None:
     """Position of the task whose next round is expected to save the model the most latency per second
     of tuning; None when no task can take one (all tuned, out of schedules, or cut by the budget).
 
-    Tasks not tuned yet in this build come first, in their order (heaviest first)."""
+    Tasks not tuned yet in this build come first, in their order (heaviest first). A task without a
+    gain in its last two rounds waits until no other can take one (Ansor stops such a task; here it
+    may still have the budget's end)."""
     open_positions = [p for p, o in enumerate(outcomes) if _wants_trials(o, trials_per_task)]
     if not open_positions:
         return None
-    return max(open_positions, key=lambda p: (gain_rate(outcomes[p]), -p))
+    improving = [p for p in open_positions if outcomes[p].trials_since_gain < _STALL_TRIALS]
+    return max(improving or open_positions, key=lambda p: (gain_rate(outcomes[p]), -p))
 
 
 def gain_rate(outcome: TaskOutcome) -> float:
