@@ -43,9 +43,17 @@ _POPULATION_PER_TRIAL = 8  # MetaSchedule's defaults: a population of 512 for 64
 _MIN_POPULATION = 64
 _OBSERVED_SHARE = 0.2  # Ansor's alpha: the last round's observed gain against the optimistic estimate
 _MIN_GAIN = 0.01  # a round that lowers a task's best by less is within this machine's timing noise
-# two rounds, each done at 7/8 of its trials: in our builds' logs tasks often gained again after one round
-# without a gain, never after two
-_STALL_TRIALS = 2 * (_MAX_TRIALS_PER_ROUND - _MAX_TRIALS_PER_ROUND // 8)
+
+
+def _round_done_at(trials: int) -> int:
+    """Under a budget a round is done at 7/8 of its trials: MetaSchedule's search now and then returns a
+    candidate or two fewer than asked, and a second iteration for those would evolve a whole population
+    again (a minute on a Winograd convolution)."""
+    return trials - trials // 8
+
+
+# two full rounds: in our builds' logs tasks often gained again after one round without a gain, never after two
+_STALL_TRIALS = 2 * _round_done_at(_MAX_TRIALS_PER_ROUND)
 
 
 @dataclass(frozen=True)
@@ -267,10 +275,7 @@ def tune(
                 if trials <= 0:
                     outcome.skipped_for_budget = True
                     return
-            # under a budget a round is done at 7/8 of its trials: MetaSchedule's search now and then returns
-            # a candidate or two fewer than asked, and a second iteration for those would evolve a whole
-            # population again (a minute on a Winograd convolution)
-            enough = trials if plan.time_budget_s is None else trials - trials // 8
+            enough = trials if plan.time_budget_s is None else _round_done_at(trials)
             measured_before, round_started = outcome.trials_measured, time.monotonic()
             try:
                 _tune_one(task, position + 1, len(tasks), trials, enough, target, store, plan, builder, runner,
