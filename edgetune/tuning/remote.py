@@ -111,10 +111,10 @@ class RetryingRPCRunner(PyRunner):
     that died), and then recorded as the failure it is.
 
     `stop` is the tuning loop's stop request: set when the key has no server left, with `lost`
-    saying so.
+    saying so. `timing`: how each candidate is timed (MetaSchedule's default when left out).
     """
 
-    def __init__(self, remote: RemoteDevice, stop: threading.Event,
+    def __init__(self, remote: RemoteDevice, stop: threading.Event, timing: EvaluatorConfig | None = None,
                  initializer: Callable[[], None] | None = None) -> None:
         super().__init__()
         self.remote = remote
@@ -123,7 +123,7 @@ class RetryingRPCRunner(PyRunner):
         servers = tracker.require_servers(remote.tracker, remote.key)
         config = RPCConfig(remote.tracker_host, remote.tracker_port, remote.key,
                            session_timeout_sec=remote.timeout_s)
-        self.inner = RPCRunner(config, EvaluatorConfig(), max_workers=servers, initializer=initializer)
+        self.inner = RPCRunner(config, timing, max_workers=servers, initializer=initializer)
         # RPCRunner's pool waits forever on a server that hangs; this one gives up after the session.
         self.inner.pool.shutdown()
         self.inner.pool = PopenPoolExecutor(max_workers=servers, timeout=remote.timeout_s + _CONNECT_GRACE_S,

@@ -230,16 +230,34 @@ def _cost_model(plan: TuningPlan, store: RecordStore, stats: TransferStats | Non
     )
 
 
+_COLD_RUNS = 10
+"""Cold runs per candidate on a CPU; their mean is the candidate's time."""
+
+
+def timing(device: str) -> ms.runner.EvaluatorConfig:
+    """How a candidate is timed: on a CPU, each run starts with its weights and output out of the cache.
+
+    In a model, a kernel's input was just written by the kernel before it, but its weights were last
+    read one inference ago, and the other layers have evicted them since: ResNet-18's weights (46 MB)
+    exceed this host's L3 (32 MB). Timed warm, as MetaSchedule does by default, the tuned kernels of a
+    ResNet-18 build added up to 13.9 ms while the model took 16.7 ms; timed cold, to 15.8 ms. Tuning
+    against the cold time ranks candidates by how they run in the model. GPUs keep MetaSchedule's timing.
+    """
+    if device == "cpu":
+        return ms.runner.EvaluatorConfig(number=1, repeat=_COLD_RUNS, min_repeat_ms=0, enable_cpu_cache_flush=True)
+    return ms.runner.EvaluatorConfig()
+
+
 def _measurers(plan: TuningPlan, stop: threading.Event):
     """Candidates built and run here, on the target's cores, or linked for the device and measured on it over RPC."""
     if plan.remote is None:
         if plan.device == "cpu":
             use_cpu_threads(plan.cores)  # inherited by the runner's workers
         return (create_builder(max_workers=plan.cores, initializer=_ignore_interrupts),
-                ms.runner.LocalRunner(initializer=_ignore_interrupts))
+                ms.runner.LocalRunner(evaluator_config=timing(plan.device), initializer=_ignore_interrupts))
     builder = create_builder(max_workers=plan.cores, initializer=_ignore_interrupts,
                              f_export=shared_object_export(plan.remote.compiler))
-    return builder, RetryingRPCRunner(plan.remote, stop, initializer=_ignore_interrupts)
+    return builder, RetryingRPCRunner(plan.remote, stop, timing(plan.device), initializer=_ignore_interrupts)
 
 
 def tune(

@@ -1,0 +1,42 @@
+"""A CPU candidate is timed as the model runs it: its weights come from memory, not from a warm cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import te
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+from tvm.s_tir.meta_schedule.builder import BuilderInput
+from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner, RunnerInput
+
+from edgetune.tuning.builder import create_builder
+from edgetune.tuning.tune import timing
+
+_WEIGHT_FLOATS = 32 << 10  # 128 KB: warm, all three buffers sit in a core's L2; cold, they come from memory
+
+
+def _mean_us(config: EvaluatorConfig, artifact: str, args: list) -> float:
+    (future,) = LocalRunner(evaluator_config=config).run([RunnerInput(artifact, "cpu", args)])
+    result = future.result()
+    assert result.error_msg is None, result.error_msg
+    return float(np.mean([float(s) for s in result.run_secs])) * 1e6
+
+
+def test_a_cpu_kernel_is_timed_with_its_weights_out_of_the_cache() -> None:
+    activation = te.placeholder((_WEIGHT_FLOATS,), name="activation")
+    weight = te.placeholder((_WEIGHT_FLOATS,), name="weight")
+    out = te.compute((_WEIGHT_FLOATS,), lambda i: activation[i] + weight[i], name="out")
+    mod = tvm.IRModule({"main": te.create_prim_func([activation, weight, out])})
+    (built,) = create_builder(max_workers=1).build([BuilderInput(mod, tvm.target.Target({"kind": "llvm"}))])
+    assert built.error_msg is None, built.error_msg
+    args = ArgInfo.from_prim_func(mod["main"])
+
+    warm_us = _mean_us(EvaluatorConfig(), built.artifact_path, args)
+    cold_us = _mean_us(timing("cpu"), built.artifact_path, args)
+    assert cold_us > 1.5 * warm_us, (cold_us, warm_us)
+
+
+def test_gpu_kernels_keep_metaschedules_timing() -> None:
+    assert timing("cuda").enable_cpu_cache_flush is False
+    assert timing("cuda").number == ms.runner.EvaluatorConfig().number
