@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import te
-from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from tvm.s_tir.meta_schedule.builder import BuilderInput
 from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner, RunnerInput
@@ -39,4 +38,4 @@ def test_a_cpu_kernel_is_timed_with_its_weights_out_of_the_cache() -> None:
 
 def test_gpu_kernels_keep_metaschedules_timing() -> None:
     assert timing("cuda").enable_cpu_cache_flush is False
-    assert timing("cuda").number == ms.runner.EvaluatorConfig().number
+    assert timing("cuda").number == EvaluatorConfig().number
