@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import tvm
 from tvm import te
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
@@ -10,6 +9,7 @@ from tvm.s_tir.meta_schedule.builder import BuilderInput
 from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner, RunnerInput
 
 from edgetune.tuning.builder import create_builder
+from edgetune.tuning.cost_model import mean_seconds
 from edgetune.tuning.tune import timing
 
 _WEIGHT_FLOATS = 32 << 10  # 128 KB: warm, all three buffers sit in a core's L2; cold, they come from memory
@@ -19,7 +19,7 @@ def _mean_us(config: EvaluatorConfig, artifact: str, args: list) -> float:
     (future,) = LocalRunner(evaluator_config=config).run([RunnerInput(artifact, "cpu", args)])
     result = future.result()
     assert result.error_msg is None, result.error_msg
-    return float(np.mean([float(s) for s in result.run_secs])) * 1e6
+    return mean_seconds(result.run_secs) * 1e6
 
 
 def test_a_cpu_kernel_is_timed_with_its_weights_out_of_the_cache() -> None:
