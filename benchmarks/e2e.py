@@ -44,7 +44,7 @@ from timing import interleaved_rounds
 
 
 def recipe_text(name: str, model: str, threads: int, trials: int, budget_min: float | None, search: str,
-                output: Path) -> str:
+                output: Path, in_model_candidates: int) -> str:
     """A one-target recipe for this machine; `trials` 0 compiles with the store's records only."""
     budget = f"\n  time_budget_min: {budget_min}" if budget_min else ""
     return f"""name: {name}
@@ -58,6 +58,7 @@ fleet:
 tuning:
   trials_per_task: {trials}{budget}
   search: {search}
+  in_model_candidates: {in_model_candidates}
   seed: 0
 output: {output}
 """
@@ -88,7 +89,7 @@ def build_artifact(text: str) -> dict[str, Any]:
     if target.error:
         raise SystemExit(f"edgetune build failed: {target.error}")
     summary = json.loads(json.dumps(result.to_json()["targets"]["host"]))
-    summary["tuning_wall_s"] = marks.get("compile")  # import + task extraction + tuning
+    summary["tuning_wall_s"] = marks.get("compile")  # import + task extraction + tuning + in-model selection
     summary["build_wall_s"] = time.monotonic() - started
     return summary
 
@@ -182,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-min", type=float, default=60.0, help="tuning time budget (checked between tasks)")
     parser.add_argument("--trials-per-task", type=int, default=512, help="trial cap per task within the budget")
     parser.add_argument("--search", choices=("evolutionary", "draft-verify"), default="evolutionary")
+    parser.add_argument("--in-model-candidates", type=int, default=4,
+                        help="schedules per kernel compared inside the model before packaging (1: the tuner's best)")
     parser.add_argument("--output", type=Path, default=REPO / "build" / "bench-e2e")
     parser.add_argument("--reuse", type=Path, help="a build's <output>/<recipe> directory: compile with its records")
     parser.add_argument("--threads", type=int, default=int(_threads),
@@ -199,10 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         reuse = args.reuse.resolve()
         if not (reuse / "summary.json").is_file():
             raise SystemExit(f"--reuse {reuse}: no summary.json; give a build's <output>/<recipe> directory")
-        text = recipe_text(reuse.name, args.model, args.threads, 0, None, args.search, reuse.parent)
+        text = recipe_text(reuse.name, args.model, args.threads, 0, None, args.search, reuse.parent,
+                           args.in_model_candidates)
     else:
         text = recipe_text(f"e2e-{args.model}", args.model, args.threads, args.trials_per_task, args.budget_min,
-                           args.search, args.output.resolve())
+                           args.search, args.output.resolve(), args.in_model_candidates)
     print(f"building {args.model} with edgetune ({'reusing ' + str(args.reuse) if args.reuse else 'tuning'})",
           flush=True)
     summary = build_artifact(text)

@@ -67,6 +67,7 @@ class TargetResult:
     reused: bool = False  # inputs unchanged: the packaged artifact was kept
     records: str | None = None  # the target's record store: relative to the build directory, or absolute
     transfer: dict[str, Any] | None = None  # what its siblings' records contributed (None: no siblings)
+    selection: dict[str, Any] | None = None  # schedules compared inside the model (None: not done)
     error: str | None = None
     wall_s: float = 0.0
 
@@ -264,14 +265,20 @@ def _build_target(
         result.reused = True
         return result
 
-    emit(Event(target.name, f"compiling with the tuned records ({toolchain.cc.name})"))
     from edgetune.compile import compile_model, export_library
 
     work.mkdir(parents=True, exist_ok=True)
-    executable = compile_model(relax_mod, tvm_target, store.database, winograd)
+    samples = model.sample_inputs()
+    database = store.database
+    candidates = recipe.tuning.in_model_candidates
+    if measured_here and candidates > 1:
+        emit(Event(target.name, f"timing each kernel's {candidates} best schedules inside the model"))
+        database = _select_in_model(result, relax_mod, tvm_target, store, model, samples, profile, candidates,
+                                    winograd)
+    emit(Event(target.name, f"compiling with the tuned records ({toolchain.cc.name})"))
+    executable = compile_model(relax_mod, tvm_target, database, winograd)
     cuda_kernels = _precompile_kernels(executable, profile, toolchain)
     library = export_library(executable, work / "model.so", toolchain.fcompile())
-    samples = model.sample_inputs()
     expected = reference.run(samples)
     latency = {"tuned": None, "untuned": None, "onnxruntime": None}
     measured_on = _measured_on(profile) if measured_here else remote.where if remote else None
@@ -438,6 +445,36 @@ def _transfer_summary(tuning: TuningResult, sibling_stores: dict, mode: str) -> 
         ),
         "guard_fell_back": sorted(stats.distrusted),
     }
+
+
+def _select_in_model(result: TargetResult, relax_mod, tvm_target, store: RecordStore, model: LoadedModel,
+                     samples: dict[str, np.ndarray], profile: DeviceProfile, candidates: int,
+                     winograd: WinogradPolicy | None):
+    """The database to compile with: each kernel's fastest in the model of its tuned best few (edgetune/selection.py).
+
+    Fills the result's `selection` summary and each task's `in_model_rank` (0: the tuner's best).
+    """
+    import tvm
+
+    from edgetune.compile import use_cpu_threads
+    from edgetune.selection import select_schedules
+
+    if profile.cpu_threads:
+        use_cpu_threads(profile.cpu_threads)  # the threads the model is timed and shipped with
+    selection = select_schedules(relax_mod, tvm_target, store.database, [samples[i.name] for i in model.inputs],
+                                 tvm.device(profile.device, 0), candidates, winograd)
+    for task in result.tasks:
+        choice = selection.choices.get(task["name"])
+        task["in_model_rank"] = choice.rank if choice else None
+    result.selection = {
+        "candidates": candidates,
+        "models_compiled": selection.models_compiled,
+        "seconds": selection.seconds,
+        "kernels_changed": sorted(name for name, c in selection.choices.items() if c.rank > 0),
+        "in_model_us": selection.in_model_us,
+        "tuner_best_in_model_us": selection.tuner_best_in_model_us,
+    }
+    return selection.database
 
 
 def _measure(relax_mod, tvm_target, library, model, samples, reference, profile, work,

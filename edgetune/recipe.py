@@ -214,6 +214,10 @@ class TuningSpec(_Strict):
     """On CPU targets, 3x3 stride-1 convolutions computed by Winograd F(4x4, 3x3) on weights transformed
     at compile time (4x fewer multiplications; results differ from a direct convolution by float32
     rounding); false: direct convolution."""
+    in_model_candidates: PositiveInt = 4
+    """On targets measured on this machine, each kernel's N best schedules are compared by their time
+    inside the compiled model, where caches and neighbours differ from the tuner's lone kernel, and
+    the fastest there is packaged (edgetune/selection.py); 1: the tuner's best."""
     transfer: Literal["momentum", "warm", "off"] = "momentum"
     """How a target learns from its siblings' records (fleet[].transfer_from): their best schedules
     are measured first and a model trained on their records predicts, adapted to the device's own

@@ -44,6 +44,16 @@ def test_build_reports_latencies_and_a_verified_artifact(built) -> None:
     assert " s left" in run.stdout  # not a terminal: plain progress lines with an estimate
 
 
+def test_a_local_build_chooses_each_kernels_schedule_inside_the_model(built) -> None:
+    _, summary, run = built
+    host = summary["targets"]["host"]
+    selection = host["selection"]
+    assert selection["candidates"] == 4 and selection["models_compiled"] == 2  # 2 trials: 2 schedules per task
+    assert {t["in_model_rank"] for t in host["tasks"]} <= {0, 1}
+    assert 0 < selection["in_model_us"] <= selection["tuner_best_in_model_us"]
+    assert "best schedules inside the model" in run.stdout
+
+
 def test_archive_unpacks_to_checked_manifest_and_a_matching_run_script(built, tmp_path) -> None:
     directory, summary, _ = built
     with tarfile.open(summary["targets"]["host"]["artifact"]) as archive:

@@ -32,6 +32,7 @@ _TARGET_DEFAULTS: dict[str, Any] = {
     "artifact": None, "latency_ms": None, "untuned_latency_ms": None, "reference_latency_ms": None,
     "verified": False, "max_abs_error": None, "trials_measured": 0, "trials_total": 0, "tasks": [],
     "reused": False, "error": None, "wall_s": None, "records": None, "transfer": None,
+    "selection": None,
 }
 _TASK_DEFAULTS: dict[str, Any] = {
     "weight": 1, "trials": 0, "trials_measured_now": 0, "best_us": None, "gflops": None, "skipped_for_budget": False,
@@ -182,7 +183,7 @@ def _manifest_facts(manifest: dict[str, Any], result: dict[str, Any]) -> dict[st
             ("measured on", manifest.get("measured_on")),
         ],
         "contributions": [_transfer_line(result.get("transfer"), len(result["tasks"])),
-                          _search_line(tuning.get("search"), result)],
+                          _search_line(tuning.get("search"), result), _selection_line(result.get("selection"))],
         "tuning": [
             ("this build measured", f"{result['trials_measured']} candidates"),
             ("trials per task", tuning.get("trials_per_task")),
@@ -224,6 +225,20 @@ def _transfer_line(transfer: dict[str, Any] | None, tasks: int) -> str:
     if fell_back:
         return line + f"; the guard set the siblings' model aside for {', '.join(fell_back)}"
     return line + "; the guard kept the siblings' model for every task"
+
+
+def _selection_line(selection: dict[str, Any] | None) -> str:
+    """What comparing schedules inside the model changed, from the build summary."""
+    if selection is None:
+        return "schedules: the tuner's best for every kernel (not compared inside the model on this target)"
+    if not selection["models_compiled"]:
+        return "schedules: the tuner's best for every kernel (no kernel had two to compare inside the model)"
+    changed = selection["kernels_changed"]
+    return (f"schedules: each kernel's {selection['candidates']} best compared inside the model "
+            f"({selection['models_compiled']} models compiled, {selection['seconds']:.0f} s); another than the "
+            f"tuner's best ran faster there for {len(changed)} kernels; the kernels took "
+            f"{selection['tuner_best_in_model_us']:.0f} us per inference with the tuner's best, "
+            f"{selection['in_model_us']:.0f} us with those chosen")
 
 
 def _search_line(search: str | None, result: dict[str, Any]) -> str:

@@ -1,0 +1,150 @@
+"""Choose each kernel's schedule among the tuner's few best by its time inside the compiled model.
+
+The tuner times a kernel alone, and alone it runs with other caches and neighbours than in the
+model: on this CPU a tuned MobileNet-V2 kernel's time in the model was 0.63-1.30x its tuned time,
+and the tuner's second- or fourth-best schedule was often the fastest in the model. So the model is
+compiled once per rank (every kernel with the tuner's i-th best schedule), each kernel is timed where
+it runs, in the model, and each kernel keeps the schedule that ran fastest there. The record store is
+only read: what is chosen lives in the returned database.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from statistics import median
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.runtime.vm import VMInstrumentReturnKind
+from tvm.s_tir.meta_schedule.database import Database, MemoryDatabase, TuningRecord, Workload
+from tvm.s_tir.meta_schedule.relax_integration import extract_tasks as ms_extract_tasks
+
+from edgetune.compile import compile_model
+from edgetune.frontend.onnx import fuse_for_tuning
+from edgetune.frontend.winograd import WinogradPolicy
+from edgetune.tuning.cost_model import FAILED, mean_seconds
+from edgetune.tuning.tasks import MODULE_EQUALITY
+
+_PREPACKED = "_prepacked"
+"""Suffix compile_model's weight pre-packing gives a kernel's name."""
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    rank: int
+    """The chosen schedule's rank by the tuner's own timing; 0 is the tuner's best."""
+    in_model_us: float
+    """Its time per inference inside the model, over all calls of the kernels sharing its schedule."""
+    tuner_best_in_model_us: float
+    """The tuner's best schedule's time in the model, measured the same way."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    database: MemoryDatabase
+    """One record per workload of the model: the one to compile with."""
+    choices: dict[str, KernelChoice]
+    """By kernel (task) name; empty when no kernel had two schedules to compare."""
+    models_compiled: int
+    seconds: float
+    in_model_us: float = 0.0
+    """The compared kernels' time per inference in the model with the chosen schedules..."""
+    tuner_best_in_model_us: float = 0.0
+    """...and with the tuner's best ones."""
+
+
+def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, database: Database,
+                     inputs: list[np.ndarray], device: tvm.runtime.Device, candidates: int,
+                     winograd: WinogradPolicy | None = None, runs: int = 30) -> Selection:
+    """The model's kernels each with the fastest in the model of their `candidates` best schedules.
+
+    Runs the model on `device` in this process, so it is for targets measured on this machine.
+    """
+    start = time.perf_counter()
+    records = _in_memory(database)
+    fused = fuse_for_tuning(relax_mod, target, winograd)
+    workload_of = {k.task_name: records.commit_workload(k.dispatched[0]) for k in ms_extract_tasks(fused, target)}
+    ranked = {_key(w): _usable(records.get_top_k(w, candidates)) for w in workload_of.values()}
+    ranked = {key: top for key, top in ranked.items() if top}
+    depth = max(map(len, ranked.values()), default=0)
+    if depth < 2:
+        return Selection(_pick(ranked, dict.fromkeys(ranked, 0)), {}, 0, time.perf_counter() - start)
+
+    arguments = [tvm.runtime.tensor(x, device) for x in inputs]
+    times = []  # per rank: workload key -> microseconds per inference
+    for rank in range(depth):
+        executable = compile_model(relax_mod, target, _pick(ranked, dict.fromkeys(ranked, rank)), winograd)
+        per_kernel = _kernel_times(relax.VirtualMachine(executable, device), arguments, runs)
+        per_workload: dict[int, float] = defaultdict(float)
+        for name, microseconds in per_kernel.items():
+            workload = workload_of.get(name.removesuffix(_PREPACKED) if name not in workload_of else name)
+            if workload is not None:
+                per_workload[_key(workload)] += microseconds
+        times.append(per_workload)
+
+    timed = [key for key in ranked if key in times[0]]  # a workload no kernel of the model ran keeps rank 0
+    chosen = dict.fromkeys(ranked, 0) | {
+        key: min(range(len(ranked[key])), key=lambda r, key=key: (times[r].get(key, FAILED), r)) for key in timed}
+    choices = {name: KernelChoice(chosen[_key(w)], times[chosen[_key(w)]][_key(w)], times[0][_key(w)])
+               for name, w in workload_of.items() if _key(w) in timed}
+    return Selection(_pick(ranked, chosen), choices, depth, time.perf_counter() - start,
+                     in_model_us=sum(times[chosen[key]][key] for key in timed),
+                     tuner_best_in_model_us=sum(times[0][key] for key in timed))
+
+
+def _key(workload: Workload) -> int:
+    return tvm_ffi.structural_hash(workload.mod)
+
+
+def _in_memory(database: Database) -> MemoryDatabase:
+    """A copy to query and extend freely: committing a workload to a record store would write to it."""
+    copy = MemoryDatabase(module_equality=MODULE_EQUALITY)
+    for record in database.get_all_tuning_records():
+        _commit(copy, record)
+    return copy
+
+
+def _usable(records: list[TuningRecord]) -> list[TuningRecord]:
+    return [r for r in records if mean_seconds(r.run_secs) < FAILED]
+
+
+def _pick(ranked: dict[int, list[TuningRecord]], rank_of: dict[int, int]) -> MemoryDatabase:
+    """A database holding each workload's record of the given rank (its last where it has fewer)."""
+    picked = MemoryDatabase(module_equality=MODULE_EQUALITY)
+    for key, top in ranked.items():
+        _commit(picked, top[min(rank_of[key], len(top) - 1)])
+    return picked
+
+
+def _commit(database: MemoryDatabase, record: TuningRecord) -> None:
+    """`record` into `database`, under the database's own copy of its workload."""
+    workload = database.commit_workload(record.workload.mod)
+    database.commit_tuning_record(TuningRecord(record.trace, workload, record.run_secs, record.target,
+                                               record.args_info))
+
+
+def _kernel_times(vm: relax.VirtualMachine, arguments: list, runs: int) -> dict[str, float]:
+    """Median microseconds per inference of each function the model calls, timed inside the model."""
+    vm["main"](*arguments)  # the first call allocates
+    samples: dict[str, list[float]] = defaultdict(list)
+    started: list[float] = []
+    this_run: dict[str, float] = defaultdict(float)
+
+    def instrument(_func, name: str, before_run: bool, _ret, *_args) -> int:
+        if before_run:
+            started.append(time.perf_counter())
+        else:
+            this_run[name] += time.perf_counter() - started.pop()
+        return VMInstrumentReturnKind.NO_OP
+
+    vm.set_instrument(instrument)
+    for _ in range(runs):
+        this_run.clear()
+        vm["main"](*arguments)
+        for name, seconds in this_run.items():
+            samples[name].append(seconds * 1e6)
+    return {name: median(values) for name, values in samples.items()}

@@ -1,0 +1,69 @@
+"""Choosing each kernel's schedule by its time inside the compiled model, not by the tuner's ranking."""
+
+from __future__ import annotations
+
+import tvm
+from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+from tvm.s_tir.meta_schedule.database import TuningRecord
+
+from edgetune.frontend.onnx import fuse_for_tuning, load_model, to_relax
+from edgetune.profiles import load_profile
+from edgetune.selection import select_schedules
+from edgetune.tuning.records import RecordStore
+from edgetune.tuning.tasks import extract_tasks
+
+
+def test_a_kernel_the_tuner_ranked_first_but_slow_in_the_model_gives_way(tmp_path):
+    # tiny_cnn at 224x224: its heaviest kernel, a 3x3 convolution, does 22 MFLOP per call.
+    model = load_model(zoo="tiny_cnn", onnx_path=None, input_shapes={"data": [1, 3, 224, 224]})
+    relax_mod = to_relax(model)
+    target = load_profile("host").tvm_target()
+    heaviest = extract_tasks(fuse_for_tuning(relax_mod, target), target)[0]
+    as_written = _untouched(heaviest.mod)
+    strided = _untouched(heaviest.mod)  # the same loops with the image rows innermost: every access strided
+    _n, h, w, co, rh, rw, ci = strided.get_loops(strided.get_sblock("conv2d_nhwc"))
+    strided.reorder(co, rh, rw, ci, w, h)
+
+    store = RecordStore(tmp_path / "records")
+    workload = store.database.commit_workload(heaviest.mod)
+    args = ArgInfo.from_entry_func(heaviest.mod, remove_preproc=True)
+    # Ranked by the times "measured" here, the strided schedule is the tuner's best; in the model it is not.
+    for schedule, seconds in ((strided, 1e-6), (as_written, 1e-3)):
+        store.database.commit_tuning_record(TuningRecord(schedule.trace, workload, [seconds], target, args))
+    before = {p.name: p.read_bytes() for p in store.directory.iterdir()}
+
+    inputs = [model.sample_inputs()["data"]]
+    selection = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2)
+
+    choice = selection.choices[heaviest.name]
+    assert choice.rank == 1, choice
+    assert choice.in_model_us < choice.tuner_best_in_model_us / 2, choice
+    assert selection.models_compiled == 2
+    (chosen,) = selection.database.get_top_k(selection.database.commit_workload(heaviest.mod), 5)
+    assert str(chosen.trace) == str(as_written.trace)
+    assert {p.name: p.read_bytes() for p in store.directory.iterdir()} == before  # the store is only read
+
+
+def test_with_one_schedule_per_kernel_nothing_is_compiled_to_compare(tmp_path):
+    model = load_model(zoo="tiny_cnn", onnx_path=None, input_shapes=None)
+    relax_mod = to_relax(model)
+    target = load_profile("host").tvm_target()
+    store = RecordStore(tmp_path / "records")
+    for task in extract_tasks(fuse_for_tuning(relax_mod, target), target):
+        workload = store.database.commit_workload(task.mod)
+        args = ArgInfo.from_entry_func(task.mod, remove_preproc=True)
+        store.database.commit_tuning_record(
+            TuningRecord(_untouched(task.mod).trace, workload, [1e-4], target, args))
+
+    selection = select_schedules(relax_mod, target, store.database, [model.sample_inputs()["data"]], tvm.cpu(0),
+                                 candidates=4)
+
+    assert selection.models_compiled == 0 and selection.choices == {}
+    assert len(selection.database.get_all_tuning_records()) == len(store.database.get_all_tuning_records())
+
+
+def _untouched(mod: tvm.IRModule) -> tvm.s_tir.Schedule:
+    """The kernel as written, with a trace of one no-op: MetaSchedule's databases skip empty traces."""
+    schedule = tvm.s_tir.Schedule(mod)
+    schedule.get_sblock("root")
+    return schedule
