@@ -81,7 +81,7 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
         per_kernel = _kernel_times(relax.VirtualMachine(executable, device), arguments, runs)
         per_workload: dict[int, float] = defaultdict(float)
         for name, microseconds in per_kernel.items():
-            workload = workload_of.get(name.removesuffix(_PREPACKED) if name not in workload_of else name)
+            workload = workload_of.get(name, workload_of.get(name.removesuffix(_PREPACKED)))
             if workload is not None:
                 per_workload[_key(workload)] += microseconds
         times.append(per_workload)
