@@ -27,6 +27,7 @@ from edgetune.compile import compile_model
 from edgetune.frontend.onnx import fuse_for_tuning
 from edgetune.frontend.winograd import WinogradPolicy
 from edgetune.tuning.cost_model import FAILED, mean_seconds
+from edgetune.tuning.records import commit_record
 from edgetune.tuning.tasks import MODULE_EQUALITY
 
 _PREPACKED = "_prepacked"
@@ -104,7 +105,7 @@ def _in_memory(database: Database) -> MemoryDatabase:
     """A copy to query and extend freely: committing a workload to a record store would write to it."""
     copy = MemoryDatabase(module_equality=MODULE_EQUALITY)
     for record in database.get_all_tuning_records():
-        _commit(copy, record)
+        commit_record(copy, record)
     return copy
 
 
@@ -116,15 +117,8 @@ def _pick(ranked: dict[int, list[TuningRecord]], rank_of: dict[int, int]) -> Mem
     """A database holding each workload's record of the given rank (its last where it has fewer)."""
     picked = MemoryDatabase(module_equality=MODULE_EQUALITY)
     for key, top in ranked.items():
-        _commit(picked, top[min(rank_of[key], len(top) - 1)])
+        commit_record(picked, top[min(rank_of[key], len(top) - 1)])
     return picked
-
-
-def _commit(database: MemoryDatabase, record: TuningRecord) -> None:
-    """`record` into `database`, under the database's own copy of its workload."""
-    workload = database.commit_workload(record.workload.mod)
-    database.commit_tuning_record(TuningRecord(record.trace, workload, record.run_secs, record.target,
-                                               record.args_info))
 
 
 def _kernel_times(vm: relax.VirtualMachine, arguments: list, runs: int) -> dict[str, float]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import tvm_ffi
-from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord
+from tvm.s_tir.meta_schedule.database import Database, JSONDatabase, TuningRecord
 
 from edgetune.errors import InputError
 from edgetune.tuning.cost_model import FAILED, mean_seconds
@@ -129,9 +129,7 @@ def import_stores(archive: Path, records_dir: Path) -> list[ImportedStore]:
             for record in source.database.get_all_tuning_records():
                 if _record_key(record) in known:
                     continue
-                workload = target.database.commit_workload(record.workload.mod)
-                target.database.commit_tuning_record(
-                    TuningRecord(record.trace, workload, record.run_secs, record.target, record.args_info))
+                commit_record(target.database, record)
                 known.add(_record_key(record))
                 added += 1
             if source.log_path.is_file():
@@ -147,6 +145,14 @@ def import_stores(archive: Path, records_dir: Path) -> list[ImportedStore]:
 
 
 _STORE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
+
+
+def commit_record(database: Database, record: TuningRecord) -> None:
+    """`record` into `database`, under the database's own copy of its workload (another database's
+    workload object is not one it can look up)."""
+    workload = database.commit_workload(record.workload.mod)
+    database.commit_tuning_record(TuningRecord(record.trace, workload, record.run_secs, record.target,
+                                               record.args_info))
 
 
 def _record_key(record: TuningRecord) -> tuple[int, str, tuple[float, ...], str]:
