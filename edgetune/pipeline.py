@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,8 @@ class TargetResult:
     max_abs_error: float | None = None
     trials_measured: int = 0
     trials_total: int = 0
+    tuning_s: float = 0.0  # tuning wall time in this build
+    kept_for_selection_s: float = 0.0  # of the tuning budget, left to comparing schedules inside the model
     tasks: list[dict[str, Any]] = field(default_factory=list)
     tasks_total: int = 0
     reused: bool = False  # inputs unchanged: the packaged artifact was kept
@@ -253,8 +256,15 @@ def _build_target(
     winograd = winograd_policy(recipe, profile)
     root = recipe.output_dir / recipe.name
     work = root / "work" / target.name
+    candidates = recipe.tuning.in_model_candidates if measured_here else 1
+    budget_s = recipe.tuning.time_budget_min * 60 if recipe.tuning.time_budget_min else None
+    budget_ends = time.monotonic() + budget_s if budget_s is not None else None
+    keep_for_selection = None
+    if candidates > 1 and budget_s is not None:
+        keep_for_selection = partial(_selection_reserve, relax_mod, tvm_target, store, model, profile, candidates,
+                                     winograd, budget_s, lambda message: emit(Event(target.name, message)))
     result = _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, remote, sibling_stores, work,
-                          winograd)
+                          winograd, keep_for_selection)
 
     artifact_dir = root / target.name
     archive = root / f"{target.name}.tar.gz"
@@ -270,11 +280,10 @@ def _build_target(
     work.mkdir(parents=True, exist_ok=True)
     samples = model.sample_inputs()
     database = store.database
-    candidates = recipe.tuning.in_model_candidates
-    if measured_here and candidates > 1:
+    if candidates > 1:
         emit(Event(target.name, f"timing each kernel's {candidates} best schedules inside the model"))
         database = _select_in_model(result, relax_mod, tvm_target, store, model, samples, profile, candidates,
-                                    winograd)
+                                    winograd, budget_ends)
     emit(Event(target.name, f"compiling with the tuned records ({toolchain.cc.name})"))
     executable = compile_model(relax_mod, tvm_target, database, winograd)
     cuda_kernels = _precompile_kernels(executable, profile, toolchain)
@@ -355,7 +364,7 @@ def _build_target(
 
 
 def _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, remote, sibling_stores,
-                 work, winograd: WinogradPolicy | None) -> TargetResult:
+                 work, winograd: WinogradPolicy | None, keep_for_selection: Callable[[], float] | None) -> TargetResult:
     emit(Event(target.name, f"extracting tasks for {profile.name} ({_describe_target(profile)})"))
     tasks = extract_tasks(fuse_for_tuning(relax_mod, tvm_target, winograd), tvm_target)
     tuned_tasks = tasks[: recipe.tuning.max_tasks] if recipe.tuning.max_tasks else tasks
@@ -378,6 +387,7 @@ def _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, re
         remote=remote,
         siblings=siblings,
         transfer=recipe.tuning.transfer,
+        keep_for_later=keep_for_selection,
     )
     if trials == 0:
         emit(Event(target.name, f"{len(tasks)} tasks; no tuning (trials_per_task: 0)"))
@@ -405,6 +415,8 @@ def _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, re
         target.name,
         trials_measured=tuning.trials_measured,
         trials_total=sum(t["trials"] for t in summary),
+        tuning_s=tuning.wall_s,
+        kept_for_selection_s=tuning.kept_s,
         tasks=summary,
         tasks_total=len(tasks),
         records=_display_store(store.directory, recipe.output_dir / recipe.name),
@@ -449,7 +461,7 @@ def _transfer_summary(tuning: TuningResult, sibling_stores: dict, mode: str) -> 
 
 def _select_in_model(result: TargetResult, relax_mod, tvm_target, store: RecordStore, model: LoadedModel,
                      samples: dict[str, np.ndarray], profile: DeviceProfile, candidates: int,
-                     winograd: WinogradPolicy | None):
+                     winograd: WinogradPolicy | None, deadline: float | None):
     """The database to compile with: each kernel's fastest in the model of its tuned best few (edgetune/selection.py).
 
     Fills the result's `selection` summary and each task's `in_model_rank` (0: the tuner's best).
@@ -462,7 +474,7 @@ def _select_in_model(result: TargetResult, relax_mod, tvm_target, store: RecordS
     if profile.cpu_threads:
         use_cpu_threads(profile.cpu_threads)  # the threads the model is timed and shipped with
     selection = select_schedules(relax_mod, tvm_target, store.database, [samples[i.name] for i in model.inputs],
-                                 tvm.device(profile.device, 0), candidates, winograd)
+                                 tvm.device(profile.device, 0), candidates, winograd, deadline=deadline)
     for task in result.tasks:
         choice = selection.choices.get(task["name"])
         task["in_model_rank"] = choice.rank if choice else None
@@ -473,8 +485,26 @@ def _select_in_model(result: TargetResult, relax_mod, tvm_target, store: RecordS
         "kernels_changed": sorted(name for name, c in selection.choices.items() if c.rank > 0),
         "in_model_us": selection.in_model_us,
         "tuner_best_in_model_us": selection.tuner_best_in_model_us,
+        "stopped_by_budget": selection.stopped_by_deadline,
     }
     return selection.database
+
+
+def _selection_reserve(relax_mod, tvm_target, store: RecordStore, model: LoadedModel, profile: DeviceProfile,
+                       candidates: int, winograd: WinogradPolicy | None, budget_s: float,
+                       say: Callable[[str], None]) -> float:
+    """Seconds of the tuning budget to keep for `_select_in_model`: one compile and run of the model with the
+    tuner's best so far, measured now, per candidate rank (at most half the budget)."""
+    import tvm
+
+    from edgetune.selection import rank_seconds
+
+    say(f"timing one compile and run of the model: the budget keeps that {candidates} times over for comparing "
+        "schedules inside the model")
+    samples = model.sample_inputs()
+    one_rank = rank_seconds(relax_mod, tvm_target, store.database, [samples[i.name] for i in model.inputs],
+                            tvm.device(profile.device, 0), winograd)
+    return min(candidates * one_rank, budget_s / 2)
 
 
 def _measure(relax_mod, tvm_target, library, model, samples, reference, profile, work,

@@ -56,16 +56,21 @@ class Selection:
     """The compared kernels' time per inference in the model with the chosen schedules..."""
     tuner_best_in_model_us: float = 0.0
     """...and with the tuner's best ones."""
+    stopped_by_deadline: bool = False
+    """Fewer ranks were compared than the records had: the next would not have fit before the deadline."""
 
 
 def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, database: Database,
                      inputs: list[np.ndarray], device: tvm.runtime.Device, candidates: int,
-                     winograd: WinogradPolicy | None = None, runs: int = 30) -> Selection:
+                     winograd: WinogradPolicy | None = None, runs: int = 30,
+                     deadline: float | None = None) -> Selection:
     """The model's kernels each with the fastest in the model of their `candidates` best schedules.
 
     Runs the model on `device` in this process, so it is for targets measured on this machine.
+    `deadline` (a `time.monotonic()` instant, the end of a tuning budget): after the tuner's best, a
+    rank is compiled and timed only if the previous one's time still fits before it.
     """
-    start = time.perf_counter()
+    start = time.monotonic()
     records = _in_memory(database)
     fused = fuse_for_tuning(relax_mod, target, winograd)
     workload_of = {k.task_name: records.commit_workload(k.dispatched[0]) for k in ms_extract_tasks(fused, target)}
@@ -73,28 +78,51 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
     ranked = {key: top for key, top in ranked.items() if top}
     depth = max(map(len, ranked.values()), default=0)
     if depth < 2:
-        return Selection(_pick(ranked, dict.fromkeys(ranked, 0)), {}, 0, time.perf_counter() - start)
+        return Selection(_pick(ranked, dict.fromkeys(ranked, 0)), {}, 0, time.monotonic() - start)
 
     arguments = [tvm.runtime.tensor(x, device) for x in inputs]
     times = []  # per rank: workload key -> microseconds per inference
+    rank_s, stopped = 0.0, False
     for rank in range(depth):
-        executable = compile_model(relax_mod, target, _pick(ranked, dict.fromkeys(ranked, rank)), winograd)
-        per_kernel = _kernel_times(relax.VirtualMachine(executable, device), arguments, runs)
+        rank_started = time.monotonic()
+        if rank > 0 and deadline is not None and rank_started + rank_s > deadline:
+            stopped = True
+            break
+        per_kernel = _time_in_model(relax_mod, target, _pick(ranked, dict.fromkeys(ranked, rank)), winograd,
+                                    arguments, device, runs)
         per_workload: dict[int, float] = defaultdict(float)
         for name, microseconds in per_kernel.items():
             workload = workload_of.get(name, workload_of.get(name.removesuffix(_PREPACKED)))
             if workload is not None:
                 per_workload[_key(workload)] += microseconds
         times.append(per_workload)
+        rank_s = time.monotonic() - rank_started
 
     timed = [key for key in ranked if key in times[0]]  # a workload no kernel of the model ran keeps rank 0
     chosen = dict.fromkeys(ranked, 0) | {
-        key: min(range(len(ranked[key])), key=lambda r, key=key: (times[r].get(key, FAILED), r)) for key in timed}
+        key: min(range(min(len(ranked[key]), len(times))), key=lambda r, key=key: (times[r].get(key, FAILED), r))
+        for key in timed}
     choices = {name: KernelChoice(chosen[_key(w)], times[chosen[_key(w)]][_key(w)], times[0][_key(w)])
                for name, w in workload_of.items() if _key(w) in timed}
-    return Selection(_pick(ranked, chosen), choices, depth, time.perf_counter() - start,
+    return Selection(_pick(ranked, chosen), choices, len(times), time.monotonic() - start,
                      in_model_us=sum(times[chosen[key]][key] for key in timed),
-                     tuner_best_in_model_us=sum(times[0][key] for key in timed))
+                     tuner_best_in_model_us=sum(times[0][key] for key in timed), stopped_by_deadline=stopped)
+
+
+def rank_seconds(relax_mod: tvm.IRModule, target: tvm.target.Target, database: Database, inputs: list[np.ndarray],
+                 device: tvm.runtime.Device, winograd: WinogradPolicy | None = None, runs: int = 30) -> float:
+    """What `select_schedules` spends per rank, measured: the model compiled with the database's best
+    schedules and its kernels timed inside it. A tuning budget keeps this much per candidate rank."""
+    started = time.monotonic()
+    _time_in_model(relax_mod, target, database, winograd, [tvm.runtime.tensor(x, device) for x in inputs], device,
+                   runs)
+    return time.monotonic() - started
+
+
+def _time_in_model(relax_mod, target, database: Database, winograd: WinogradPolicy | None, arguments: list,
+                   device: tvm.runtime.Device, runs: int) -> dict[str, float]:
+    executable = compile_model(relax_mod, target, database, winograd)
+    return _kernel_times(relax.VirtualMachine(executable, device), arguments, runs)
 
 
 def _key(workload: Workload) -> int:

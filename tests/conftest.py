@@ -36,7 +36,7 @@ fleet:
   - name: host
     profile: host
 tuning:
-  trials_per_task: {trials}
+  trials_per_task: {trials}{budget}
   max_tasks: {max_tasks}
   seed: 1
 output: out
@@ -50,9 +50,10 @@ def run_edgetune(*args: str, cwd: Path | None = None, timeout: float = 900) -> s
     )
 
 
-def write_tiny_recipe(directory: Path, trials: int = 2, max_tasks: int = 2) -> Path:
+def write_tiny_recipe(directory: Path, trials: int = 2, max_tasks: int = 2, budget_min: float | None = None) -> Path:
     path = directory / "tiny.yaml"
-    path.write_text(TINY_RECIPE.format(trials=trials, max_tasks=max_tasks))
+    budget = f"\n  time_budget_min: {budget_min}" if budget_min else ""
+    path.write_text(TINY_RECIPE.format(trials=trials, max_tasks=max_tasks, budget=budget))
     return path
 
 

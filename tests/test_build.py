@@ -54,6 +54,21 @@ def test_a_local_build_chooses_each_kernels_schedule_inside_the_model(built) -> 
     assert "best schedules inside the model" in run.stdout
 
 
+def test_a_time_budget_covers_choosing_schedules_inside_the_model(tmp_path) -> None:
+    """The tuner stops early by the expected time of the in-model comparison: both end within the budget."""
+    budget_s = 18
+    write_recipe(tmp_path, trials=1000, max_tasks=1, budget_min=budget_s / 60)
+    run = edgetune("build", "tiny.yaml", "--json", "summary.json", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    host = json.loads((tmp_path / "summary.json").read_text())["targets"]["host"]
+    kept, selection = host["kept_for_selection_s"], host["selection"]
+    assert 0 < kept <= budget_s / 2  # a compile and run of the model per candidate rank, at most half the budget
+    assert host["tuning_s"] <= budget_s - kept + 3  # the tuner's last round may overrun by a little
+    assert host["tuning_s"] + selection["seconds"] <= budget_s + 5
+    assert selection["models_compiled"] >= 1 and "the tuning budget kept" in (tmp_path / "out" / "tiny" /
+                                                                            "report.html").read_text()
+
+
 def test_archive_unpacks_to_checked_manifest_and_a_matching_run_script(built, tmp_path) -> None:
     directory, summary, _ = built
     with tarfile.open(summary["targets"]["host"]["artifact"]) as archive:

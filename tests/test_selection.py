@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import tvm
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from tvm.s_tir.meta_schedule.database import TuningRecord
@@ -14,25 +16,9 @@ from edgetune.tuning.tasks import extract_tasks
 
 
 def test_a_kernel_the_tuner_ranked_first_but_slow_in_the_model_gives_way(tmp_path):
-    # tiny_cnn at 224x224: its heaviest kernel, a 3x3 convolution, does 22 MFLOP per call.
-    model = load_model(zoo="tiny_cnn", onnx_path=None, input_shapes={"data": [1, 3, 224, 224]})
-    relax_mod = to_relax(model)
-    target = load_profile("host").tvm_target()
-    heaviest = extract_tasks(fuse_for_tuning(relax_mod, target), target)[0]
-    as_written = _untouched(heaviest.mod)
-    strided = _untouched(heaviest.mod)  # the same loops with the image rows innermost: every access strided
-    _n, h, w, co, rh, rw, ci = strided.get_loops(strided.get_sblock("conv2d_nhwc"))
-    strided.reorder(co, rh, rw, ci, w, h)
-
-    store = RecordStore(tmp_path / "records")
-    workload = store.database.commit_workload(heaviest.mod)
-    args = ArgInfo.from_entry_func(heaviest.mod, remove_preproc=True)
-    # Ranked by the times "measured" here, the strided schedule is the tuner's best; in the model it is not.
-    for schedule, seconds in ((strided, 1e-6), (as_written, 1e-3)):
-        store.database.commit_tuning_record(TuningRecord(schedule.trace, workload, [seconds], target, args))
+    relax_mod, target, store, heaviest, inputs, as_written = _strided_ranked_first(tmp_path)
     before = {p.name: p.read_bytes() for p in store.directory.iterdir()}
 
-    inputs = [model.sample_inputs()["data"]]
     selection = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2)
 
     choice = selection.choices[heaviest.name]
@@ -42,6 +28,17 @@ def test_a_kernel_the_tuner_ranked_first_but_slow_in_the_model_gives_way(tmp_pat
     (chosen,) = selection.database.get_top_k(selection.database.commit_workload(heaviest.mod), 5)
     assert str(chosen.trace) == str(as_written.trace)
     assert {p.name: p.read_bytes() for p in store.directory.iterdir()} == before  # the store is only read
+
+
+def test_past_the_deadline_only_the_tuners_best_is_compiled(tmp_path):
+    relax_mod, target, store, heaviest, inputs, _ = _strided_ranked_first(tmp_path)
+
+    selection = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2,
+                                 deadline=time.monotonic())
+
+    assert selection.models_compiled == 1
+    assert selection.choices[heaviest.name].rank == 0
+    assert selection.in_model_us == selection.tuner_best_in_model_us > 0
 
 
 def test_with_one_schedule_per_kernel_nothing_is_compiled_to_compare(tmp_path):
@@ -60,6 +57,27 @@ def test_with_one_schedule_per_kernel_nothing_is_compiled_to_compare(tmp_path):
 
     assert selection.models_compiled == 0 and selection.choices == {}
     assert len(selection.database.get_all_tuning_records()) == len(store.database.get_all_tuning_records())
+
+
+def _strided_ranked_first(tmp_path):
+    """tiny_cnn at 224x224 and a store ranking, for its heaviest kernel (a 3x3 convolution, 22 MFLOP per
+    call), a schedule with every access strided first and the kernel as written second."""
+    model = load_model(zoo="tiny_cnn", onnx_path=None, input_shapes={"data": [1, 3, 224, 224]})
+    relax_mod = to_relax(model)
+    target = load_profile("host").tvm_target()
+    heaviest = extract_tasks(fuse_for_tuning(relax_mod, target), target)[0]
+    as_written = _untouched(heaviest.mod)
+    strided = _untouched(heaviest.mod)  # the same loops with the image rows innermost
+    _n, h, w, co, rh, rw, ci = strided.get_loops(strided.get_sblock("conv2d_nhwc"))
+    strided.reorder(co, rh, rw, ci, w, h)
+
+    store = RecordStore(tmp_path / "records")
+    workload = store.database.commit_workload(heaviest.mod)
+    args = ArgInfo.from_entry_func(heaviest.mod, remove_preproc=True)
+    # Ranked by the times "measured" here, the strided schedule is the tuner's best; in the model it is not.
+    for schedule, seconds in ((strided, 1e-6), (as_written, 1e-3)):
+        store.database.commit_tuning_record(TuningRecord(schedule.trace, workload, [seconds], target, args))
+    return relax_mod, target, store, heaviest, [model.sample_inputs()["data"]], as_written
 
 
 def _untouched(mod: tvm.IRModule) -> tvm.s_tir.Schedule:

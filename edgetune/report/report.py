@@ -30,7 +30,8 @@ _LINESTYLES = ("-", "--", ":", "-.")  # after the 10 colours of the cycle, so 40
 
 _TARGET_DEFAULTS: dict[str, Any] = {
     "artifact": None, "latency_ms": None, "untuned_latency_ms": None, "reference_latency_ms": None,
-    "verified": False, "max_abs_error": None, "trials_measured": 0, "trials_total": 0, "tasks": [],
+    "verified": False, "max_abs_error": None, "trials_measured": 0, "trials_total": 0, "tuning_s": None,
+    "kept_for_selection_s": 0.0, "tasks": [],
     "reused": False, "error": None, "wall_s": None, "records": None, "transfer": None,
     "selection": None,
 }
@@ -183,9 +184,10 @@ def _manifest_facts(manifest: dict[str, Any], result: dict[str, Any]) -> dict[st
             ("measured on", manifest.get("measured_on")),
         ],
         "contributions": [_transfer_line(result.get("transfer"), len(result["tasks"])),
-                          _search_line(tuning.get("search"), result), _selection_line(result.get("selection"))],
+                          _search_line(tuning.get("search"), result), _selection_line(result.get("selection"), result["kept_for_selection_s"])],
         "tuning": [
-            ("this build measured", f"{result['trials_measured']} candidates"),
+            ("this build measured", f"{result['trials_measured']} candidates"
+                                    + (f" in {result['tuning_s']:.0f} s" if result["tuning_s"] else "")),
             ("trials per task", tuning.get("trials_per_task")),
             ("time budget", f"{tuning['time_budget_min']} min" if tuning.get("time_budget_min") else "none"),
             ("seed", tuning.get("seed")),
@@ -227,16 +229,21 @@ def _transfer_line(transfer: dict[str, Any] | None, tasks: int) -> str:
     return line + "; the guard kept the siblings' model for every task"
 
 
-def _selection_line(selection: dict[str, Any] | None) -> str:
+def _selection_line(selection: dict[str, Any] | None, kept_s: float) -> str:
     """What comparing schedules inside the model changed, from the build summary."""
     if selection is None:
         return "schedules: the tuner's best for every kernel (not compared inside the model on this target)"
     if not selection["models_compiled"]:
         return "schedules: the tuner's best for every kernel (no kernel had two to compare inside the model)"
     changed = selection["kernels_changed"]
+    budget = ""
+    if kept_s:
+        budget = f"; the tuning budget kept {kept_s:.0f} s for it"
+        if selection.get("stopped_by_budget"):
+            budget += f" and its end stopped it after {selection['models_compiled']} ranks"
     return (f"schedules: each kernel's {selection['candidates']} best compared inside the model "
-            f"({selection['models_compiled']} models compiled, {selection['seconds']:.0f} s); another than the "
-            f"tuner's best ran faster there for {len(changed)} kernels; the kernels took "
+            f"({selection['models_compiled']} models compiled, {selection['seconds']:.0f} s{budget}); another "
+            f"than the tuner's best ran faster there for {len(changed)} kernels; the kernels took "
             f"{selection['tuner_best_in_model_us']:.0f} us per inference with the tuner's best, "
             f"{selection['in_model_us']:.0f} us with those chosen")
 

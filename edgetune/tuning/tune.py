@@ -69,6 +69,9 @@ class TuningPlan:
     remote: RemoteDevice | None = None  # measured on this device over RPC; None: on this machine
     siblings: SiblingRecords | None = None  # what sibling devices measured of these tasks
     transfer: TransferMode = "momentum"
+    keep_for_later: Callable[[], float] | None = None
+    """Under a budget: asked once, after the first pass (every task has a schedule), for the seconds of
+    the budget to leave to work after tuning (comparing schedules inside the model)."""
 
 
 @dataclass
@@ -118,6 +121,7 @@ class TaskOutcome:
 class TuningResult:
     tasks: list[TaskOutcome] = field(default_factory=list)
     wall_s: float = 0.0
+    kept_s: float = 0.0  # of the budget, left to work after tuning (plan.keep_for_later)
     transfer: TransferStats | None = None
 
     @property
@@ -284,12 +288,13 @@ def tune(
             builder, runner = _measurers(plan, stop)
             cost_model = _cost_model(plan, store, result.transfer)
         result.tasks = [TaskOutcome(t.name, t.weight, t.flops, done, 0, _best_us(store, t)) for t, done in pending]
+        budget_s = plan.time_budget_s
 
         def tune_round(position: int, trials: int) -> None:
             """Up to `trials` more measurements of one task, cut to what fits in the budget."""
             task, outcome = tasks[position], result.tasks[position]
-            if plan.time_budget_s is not None:
-                trials = trials_that_fit(trials, outcome, plan.time_budget_s - (time.monotonic() - started))
+            if budget_s is not None:
+                trials = trials_that_fit(trials, outcome, budget_s - (time.monotonic() - started))
                 if trials <= 0:
                     outcome.skipped_for_budget = True
                     return
@@ -320,7 +325,10 @@ def tune(
         for position, (_, done) in enumerate(pending):
             if first_pass > done:
                 tune_round(position, first_pass - done)
-        if plan.time_budget_s is not None:
+        if budget_s is not None:
+            if plan.keep_for_later is not None and next_round(result.tasks, plan.trials_per_task) is not None:
+                result.kept_s = plan.keep_for_later()
+                budget_s -= result.kept_s
             while (position := next_round(result.tasks, plan.trials_per_task)) is not None:
                 outcome = result.tasks[position]  # once the budget is spent, each is marked skipped in turn
                 tune_round(position, min(_MAX_TRIALS_PER_ROUND, plan.trials_per_task - outcome.trials_before
