@@ -150,6 +150,7 @@ def kernel_profile(vm, args: list, runs: int) -> list[dict[str, Any]]:
             calls[symbol] = calls.get(symbol, 0) + 1
         return 0  # VMInstrumentReturnKind.NO_OP
 
+    vm["main"](*args)  # untimed: the first call's one-time costs showed as 0.41 ms of a 0.03 ms kernel
     vm.set_instrument(instrument)
     for _ in range(runs):
         vm["main"](*args)
