@@ -258,13 +258,14 @@ def _build_target(
     work = root / "work" / target.name
     candidates = recipe.tuning.in_model_candidates if measured_here else 1
     budget_s = recipe.tuning.time_budget_min * 60 if recipe.tuning.time_budget_min else None
-    budget_ends = time.monotonic() + budget_s if budget_s is not None else None
     keep_for_selection = None
     if candidates > 1 and budget_s is not None:
         keep_for_selection = partial(_selection_reserve, relax_mod, tvm_target, store, model, profile, candidates,
                                      winograd, budget_s, lambda message: emit(Event(target.name, message)))
     result = _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, remote, sibling_stores, work,
                           winograd, keep_for_selection)
+    # the budget runs on the tuner's clock, which starts after task extraction
+    budget_ends = time.monotonic() - result.tuning_s + budget_s if budget_s is not None else None
 
     artifact_dir = root / target.name
     archive = root / f"{target.name}.tar.gz"
@@ -499,12 +500,13 @@ def _selection_reserve(relax_mod, tvm_target, store: RecordStore, model: LoadedM
 
     from edgetune.selection import rank_seconds
 
-    say(f"timing one compile and run of the model: the budget keeps that {candidates} times over for comparing "
-        "schedules inside the model")
     samples = model.sample_inputs()
     one_rank = rank_seconds(relax_mod, tvm_target, store.database, [samples[i.name] for i in model.inputs],
                             tvm.device(profile.device, 0), winograd)
-    return min(candidates * one_rank, budget_s / 2)
+    kept = min(candidates * one_rank, budget_s / 2)
+    say(f"one compile and run of the model took {one_rank:.0f} s: the tuning budget keeps {kept:.0f} s for "
+        f"comparing each kernel's {candidates} best schedules inside the model")
+    return kept
 
 
 def _measure(relax_mod, tvm_target, library, model, samples, reference, profile, work,
