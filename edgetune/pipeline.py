@@ -263,7 +263,7 @@ def _build_target(
         keep_for_selection = partial(_selection_reserve, relax_mod, tvm_target, store, model, profile, candidates,
                                      winograd, budget_s, lambda message: emit(Event(target.name, message)))
     result = _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, remote, sibling_stores, work,
-                          winograd, keep_for_selection)
+                          winograd, budget_s, keep_for_selection)
     # the budget runs on the tuner's clock, which starts after task extraction
     budget_ends = time.monotonic() - result.tuning_s + budget_s if budget_s is not None else None
 
@@ -365,7 +365,8 @@ def _build_target(
 
 
 def _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, remote, sibling_stores,
-                 work, winograd: WinogradPolicy | None, keep_for_selection: Callable[[], float] | None) -> TargetResult:
+                 work, winograd: WinogradPolicy | None, budget_s: float | None,
+                 keep_for_selection: Callable[[], float] | None) -> TargetResult:
     emit(Event(target.name, f"extracting tasks for {profile.name} ({_describe_target(profile)})"))
     tasks = extract_tasks(fuse_for_tuning(relax_mod, tvm_target, winograd), tvm_target)
     tuned_tasks = tasks[: recipe.tuning.max_tasks] if recipe.tuning.max_tasks else tasks
@@ -378,7 +379,7 @@ def _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, re
                                 f"records, {sum(map(len, siblings.seeds.values()))} schedules to re-measure first"))
     plan = TuningPlan(
         trials_per_task=1_000_000 if trials is None else trials,
-        time_budget_s=recipe.tuning.time_budget_min * 60 if recipe.tuning.time_budget_min else None,
+        time_budget_s=budget_s,
         search=recipe.tuning.search,
         seed=recipe.tuning.seed,
         cores=profile.hardware.cores or 1,

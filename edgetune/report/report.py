@@ -184,7 +184,8 @@ def _manifest_facts(manifest: dict[str, Any], result: dict[str, Any]) -> dict[st
             ("measured on", manifest.get("measured_on")),
         ],
         "contributions": [_transfer_line(result.get("transfer"), len(result["tasks"])),
-                          _search_line(tuning.get("search"), result), _selection_line(result.get("selection"), result["kept_for_selection_s"])],
+                          _search_line(tuning.get("search"), result),
+                          _selection_line(result.get("selection"), result["kept_for_selection_s"])],
         "tuning": [
             ("this build measured", f"{result['trials_measured']} candidates"
                                     + (f" in {result['tuning_s']:.0f} s" if result["tuning_s"] else "")),
