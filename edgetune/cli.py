@@ -33,7 +33,9 @@ def _fail(exc: EdgetuneError) -> None:
 
 @app.command()
 def build(
-    recipe: RecipeArg,
+    recipe: Annotated[Optional[Path], typer.Argument(
+        help="The recipe YAML file; left out, the default recipe: ResNet-18 for this machine, into ./build.",
+        show_default=False)] = None,
     target: Annotated[Optional[list[str]], typer.Option("--target", "-t", help="Build only this target (repeatable).")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the machine-readable summary here.")] = None,
     rpc_tracker: Annotated[Optional[str], typer.Option(
@@ -47,10 +49,14 @@ def build(
     """Tune, compile, package and verify every target of RECIPE."""
     from edgetune.fleet.endpoints import override_connection
     from edgetune.pipeline import build as run_build
-    from edgetune.recipe import load_recipe
+    from edgetune.recipe import load_default_recipe, load_recipe
 
     try:
-        loaded = override_connection(load_recipe(recipe), target, rpc_tracker, rpc_key)
+        if recipe is None:
+            out.print("no recipe given: building the default recipe (ResNet-18 for this machine) into ./build",
+                      markup=False)
+        chosen = load_recipe(recipe) if recipe is not None else load_default_recipe()
+        loaded = override_connection(chosen, target, rpc_tracker, rpc_key)
         with _ProgressView(out) as progress:
             result = run_build(loaded, target, progress, records_dir)
     except EdgetuneError as exc:

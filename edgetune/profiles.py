@@ -25,7 +25,9 @@ from edgetune.yamlsource import InvalidData, Problem, YamlFloat, read_yaml, unkn
 if TYPE_CHECKING:
     import tvm.target
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "device_profiles"
+PROFILES_DIR = Path(__file__).resolve().parent / "device_profiles"
+"""Package data, so a non-editable install (a wheel) knows every profile; the repository's
+`device_profiles/` is a link to it."""
 
 OVERRIDABLE = ("target", "host", "hardware", "cross_compiler")
 """Top-level profile fields a fleet target may override."""

@@ -321,6 +321,16 @@ def load_recipe_text(text: str, name: str = "<embedded>", base_dir: Path | None 
     return _load(parse_yaml(text, name), Path(base_dir) if base_dir is not None else Path.cwd())
 
 
+DEFAULT_RECIPE_NAME = "<default recipe: ResNet-18 for this machine>"
+
+
+def load_default_recipe() -> Recipe:
+    """The recipe `edgetune build` runs when given none (package data, so any install has it); its
+    output is relative to the working directory."""
+    text = (Path(__file__).resolve().parent / "default_recipe.yaml").read_text(encoding="utf-8")
+    return load_recipe_text(text, DEFAULT_RECIPE_NAME, base_dir=Path.cwd())
+
+
 def recipe_hash(recipe: Recipe) -> str:
     """sha256 of the validated recipe as canonical JSON: same for any key order or spelled-out defaults."""
     canonical = json.dumps(recipe.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
