@@ -25,9 +25,16 @@ RecordsDirOption = Annotated[Optional[Path], typer.Option(
     help="Where the devices' tuning records persist across builds (replaces the recipe's records_dir).")]
 
 
+MAX_ERROR_LINES = 50
+"""Problems printed before the rest are counted: 200,000 copies of one mistake help nobody."""
+
+
 def _fail(exc: EdgetuneError) -> None:
-    for line in str(exc).splitlines():
-        err.print(f"[bold red]error:[/] {line}", markup=True, soft_wrap=True)
+    lines = str(exc).splitlines()
+    for line in lines[:MAX_ERROR_LINES]:
+        err.print(f"[bold red]error:[/] {escape(line)}", markup=True, soft_wrap=True)
+    if len(lines) > MAX_ERROR_LINES:
+        err.print(f"[bold red]error:[/] ... and {len(lines) - MAX_ERROR_LINES} more problems", markup=True)
     raise typer.Exit(exc.exit_code)
 
 
@@ -45,10 +52,16 @@ def build(
     rpc_key: Annotated[Optional[str], typer.Option(
         "--rpc-key", metavar="KEY", help="The key its device's server registered under at --rpc-tracker.")] = None,
     records_dir: RecordsDirOption = None,
+    strict: Annotated[bool, typer.Option(
+        "--strict", help="Exit 1 when a task's tuning failed (it keeps its best schedule so far; exit 0 without).",
+    )] = False,
+    sign_key: Annotated[Optional[Path], typer.Option(
+        "--sign-key", metavar="KEY",
+        help="Sign each artifact's manifest with this Ed25519 private key (PEM or 32 raw bytes; make one with "
+             "`edgetune keygen`): writes manifest.sig, checked by `edgetune verify --trust KEY.pub`.")] = None,
 ) -> None:
     """Tune, compile, package and verify every target of RECIPE."""
     from edgetune.fleet.endpoints import override_connection
-    from edgetune.pipeline import build as run_build
     from edgetune.recipe import load_default_recipe, load_recipe
 
     try:
@@ -56,9 +69,13 @@ def build(
             out.print("no recipe given: building the default recipe (ResNet-18 for this machine) into ./build",
                       markup=False)
         chosen = load_recipe(recipe) if recipe is not None else load_default_recipe()
+        if records_dir is not None and records_dir.exists() and not records_dir.is_dir():
+            raise InputError(f"--records-dir {records_dir}: exists and is not a directory; expected a directory")
         loaded = override_connection(chosen, target, rpc_tracker, rpc_key)
+        from edgetune.pipeline import build as run_build  # imports TVM (seconds): only for a valid recipe
+
         with _ProgressView(out) as progress:
-            result = run_build(loaded, target, progress, records_dir)
+            result = run_build(loaded, target, progress, records_dir, sign_key)
     except EdgetuneError as exc:
         _fail(exc)
     except KeyboardInterrupt:
@@ -68,7 +85,8 @@ def build(
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
-    raise typer.Exit(0 if result.ok else 1)
+    tuning_failed = any(t.tuning_failed for t in result.targets.values())
+    raise typer.Exit(0 if result.ok and not (strict and tuning_failed) else 1)
 
 
 class _ProgressView:
@@ -138,6 +156,9 @@ def _print_summary(result) -> None:
     for name, t in result.targets.items():
         line = f"{name}: failed: {t.error}" if t.error else f"{name}: {t.artifact}" + (" (reused)" if t.reused else "")
         out.print(line, markup=False, soft_wrap=True)
+        for failure in t.tuning_failed:
+            out.print(f"{name}: warning: tuning failed for task {failure}; it keeps its best schedule so far",
+                      markup=False, soft_wrap=True)
         if t.transfer and t.transfer["used"]:
             transfer = t.transfer
             out.print(f"{name}: transfer from {', '.join(transfer['sources'])}: {transfer['seeds_measured']} sibling "
@@ -155,7 +176,8 @@ def validate(recipe: RecipeArg) -> None:
         loaded = load_recipe(recipe)
     except EdgetuneError as exc:
         _fail(exc)
-    out.print(f"{recipe}: ok ({len(loaded.fleet)} targets: {', '.join(t.name for t in loaded.fleet)})")
+    out.print(f"{recipe}: ok ({len(loaded.fleet)} targets: {', '.join(t.name for t in loaded.fleet)})", markup=False,
+              soft_wrap=True)
 
 
 @app.command()
@@ -176,15 +198,20 @@ def targets() -> None:
     out.print(table)
 
 
-@app.command()
+@app.command(help="Check every checksum of ARTIFACT (and its signature, with --trust), then run it (here, in a "
+                  "child process, or on a device over RPC) and compare with the reference output.\n\n"
+                  "Verifying RUNS THE ARTIFACT'S CODE: its model.so is loaded and executed. Verify only artifacts "
+                  "from a source you trust, and pass --trust with that source's public key.")
 def verify(
     artifact: Annotated[Path, typer.Argument(help="An artifact directory or its .tar.gz.")],
     rpc_tracker: Annotated[Optional[str], typer.Option(
         "--rpc-tracker", metavar="HOST:PORT", help="Run it on a device behind this RPC tracker (with --rpc-key).")] = None,
     rpc_key: Annotated[Optional[str], typer.Option("--rpc-key", metavar="KEY", help="The device's key.")] = None,
+    trust: Annotated[Optional[Path], typer.Option(
+        "--trust", metavar="PUBKEY",
+        help="Ed25519 public key (PEM or 32 raw bytes): refuse the artifact unless its manifest.sig is this key's "
+             "signature of its manifest.json. Checked before anything of the artifact is loaded.")] = None,
 ) -> None:
-    """Check every checksum of ARTIFACT, then run it (here, or on a device over RPC) and compare with the
-    reference output."""
     from edgetune.fleet.endpoints import RemoteDevice
     from edgetune.package.verify import verify_artifact
 
@@ -197,15 +224,37 @@ def verify(
             if not host or not port.isdigit():
                 raise InputError(f"--rpc-tracker {rpc_tracker}: expected HOST:PORT")
             remote = RemoteDevice(host, int(port), rpc_key, timeout_s=120.0, compiler="")
-        outcome = verify_artifact(artifact, remote)
+        trusted_key = None
+        if trust is not None:
+            from edgetune.package.signing import load_public_key
+
+            trusted_key = load_public_key(trust)
+        outcome = verify_artifact(artifact, remote, trusted_key)
     except EdgetuneError as exc:
         _fail(exc)
     for line in outcome.problems:
-        err.print(f"[bold red]error:[/] {line}", soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(line)}", soft_wrap=True)
     if outcome.output is not None:
         out.print(f"output vs reference: max abs difference {outcome.output.max_abs_error:.3g}: "
                   f"{'OK' if outcome.output.matches else 'MISMATCH'}")
+    if outcome.ok and trust is not None:
+        out.print(f"signature: OK ({trust})", markup=False, soft_wrap=True)
     raise typer.Exit(0 if outcome.ok else 1)
+
+
+@app.command()
+def keygen(
+    private_key: Annotated[Path, typer.Argument(help="Where to write the new private key (PEM, mode 600).",
+                                                show_default=False)],
+) -> None:
+    """Make an Ed25519 key pair for `build --sign-key` (PRIVATE_KEY) and `verify --trust` (PRIVATE_KEY.pub)."""
+    from edgetune.package.signing import generate_key_pair
+
+    try:
+        public = generate_key_pair(private_key)
+    except EdgetuneError as exc:
+        _fail(exc)
+    out.print(f"private key: {private_key}\npublic key: {public}", markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -246,28 +295,64 @@ def _fleet_done(problems: list[str]) -> None:
     raise typer.Exit(1 if problems else 0)
 
 
+FleetRecipeArg = Annotated[Optional[Path], typer.Argument(
+    help="The recipe YAML file (left out: the emulated boards of --emulate).", show_default=False)]
+EmulateOption = Annotated[Optional[list[str]], typer.Option(
+    "--emulate", metavar="PROFILE",
+    help="Start an emulated aarch64 board for this device profile (repeatable); its key is the profile's name.")]
+TrackerPortOption = Annotated[int, typer.Option(
+    "--tracker-port", min=1, max=65535, help="Port of the local tracker the emulated boards register with.")]
+StateDirOption = Annotated[Optional[Path], typer.Option(
+    "--state-dir", metavar="DIR", help="Pid files and logs of the emulated boards (default: $EDGETUNE_CACHE/fleet).")]
+
+
 @fleet_app.command("up")
-def fleet_up(recipe: RecipeArg) -> None:
-    """Start the recipe's tracker (tracker: start: true) and, over SSH, each ssh target's RPC server."""
+def fleet_up(recipe: FleetRecipeArg = None, emulate: EmulateOption = None, tracker_port: TrackerPortOption = 9190,
+             state_dir: StateDirOption = None) -> None:
+    """Start the recipe's tracker and each ssh target's RPC server, or (--emulate) emulated aarch64 boards."""
+    if emulate:
+        from edgetune.fleet import emulated
+
+        if recipe is not None:
+            _fail(InputError("fleet up: give a RECIPE or --emulate PROFILE, not both"))
+        try:
+            _fleet_done(emulated.up(emulate, tracker_port, emulated.state_dir(state_dir), _report))
+        except EdgetuneError as exc:
+            _fail(exc)
     from edgetune.fleet.provision import up
 
-    _fleet_done(up(_fleet_recipe(recipe), _report))
+    _fleet_done(up(_fleet_recipe(_required_recipe(recipe)), _report))
+
+
+def _required_recipe(recipe: Path | None) -> Path:
+    if recipe is None:
+        _fail(InputError("fleet: give a RECIPE (or, for emulated boards, leave it out and use --emulate)"))
+    return recipe
 
 
 @fleet_app.command("down")
-def fleet_down(recipe: RecipeArg) -> None:
-    """Stop what `fleet up` started for RECIPE (found by its pid files), and nothing else."""
+def fleet_down(recipe: FleetRecipeArg = None, state_dir: StateDirOption = None) -> None:
+    """Stop what `fleet up` started for RECIPE (without one: the emulated boards), by pid files, and nothing else."""
+    if recipe is None:
+        from edgetune.fleet import emulated
+
+        _fleet_done(emulated.down(emulated.state_dir(state_dir), _report))
     from edgetune.fleet.provision import down
 
     _fleet_done(down(_fleet_recipe(recipe), _report))
 
 
 @fleet_app.command("status")
-def fleet_status(recipe: RecipeArg) -> None:
-    """Servers per key on each tracker, and each device's health; exit 1 when a target has no server."""
+def fleet_status(recipe: FleetRecipeArg = None, state_dir: StateDirOption = None) -> None:
+    """Servers per key on each tracker, and each device's health; exit 1 when a target has no server.
+
+    Without RECIPE: the emulated boards `fleet up --emulate` started (key, profile, arch, pid, servers).
+    """
     from edgetune.fleet.status import fleet_status as gather
     from edgetune.fleet.tracker import TrackerSummary
 
+    if recipe is None:
+        _emulated_status(state_dir)
     status = gather(_fleet_recipe(recipe))
     if status.local_tracker_pid is not None:
         out.print(f"[tracker] started by fleet up (pid {status.local_tracker_pid})", markup=False)
@@ -285,6 +370,32 @@ def fleet_status(recipe: RecipeArg) -> None:
         line = f"[{t.name}] {t.connection}" + (f" via {t.tracker}" if t.tracker else "") + f": {t.health}"
         out.print(line if t.healthy else f"{line} (not ready)", markup=False, soft_wrap=True)
     raise typer.Exit(0 if status.ok else 1)
+
+
+def _emulated_status(state_dir: Path | None) -> None:
+    """The emulated boards' table; exit 1 when none runs or one is not registered."""
+    from edgetune.errors import BuildError
+    from edgetune.fleet import emulated, tracker
+
+    boards = emulated.boards(emulated.state_dir(state_dir))
+    table = Table(title="emulated boards")
+    for column in ("key", "profile", "arch", "emulated", "tracker", "pid", "servers"):
+        table.add_column(column)
+    healthy = bool(boards)
+    for board in boards:
+        try:
+            servers = str(tracker.query(board.tracker, timeout_s=2.0).key(board.key).total)
+        except BuildError:
+            servers = "tracker not answering"
+        healthy = healthy and board.pid is not None and servers not in ("0", "tracker not answering")
+        cells = (board.key, board.profile, board.arch, f"yes (qemu -cpu {board.qemu_cpu})", board.tracker,
+                 str(board.pid) if board.pid else "not running", servers)
+        table.add_row(*(escape(cell) for cell in cells))
+    if boards:
+        out.print(table)
+    else:
+        out.print("no emulated boards (edgetune fleet up --emulate PROFILE starts one)", markup=False)
+    raise typer.Exit(0 if healthy else 1)
 
 
 records_app = typer.Typer(no_args_is_help=True, help="Carry RECIPE's tuning records between machines.")
@@ -339,6 +450,55 @@ def records_import(
         owner = owners.get(store.name)
         who = f"{owner}" if owner else f"{store.name} (no target of this recipe has this profile and TVM target; kept)"
         out.print(f"{who}: {store.added} records added, {store.present} already here", markup=False, soft_wrap=True)
+
+
+@records_app.command("check")
+def records_check(recipe: RecipeArg, records_dir: RecordsDirOption = None) -> None:
+    """List the damaged lines (file:line) of RECIPE's record stores; exit 1 if any, 0 if all are intact."""
+    from edgetune.tuning.records import scan_store
+
+    damaged = []
+    for name, location in _record_locations(recipe, records_dir).items():
+        if not location.exists():
+            out.print(f"{name}: no records yet", markup=False)
+            continue
+        found = scan_store(location.directory, deep=True).damaged
+        damaged.extend(found)
+        out.print(f"{name}: {location.directory}: " + (f"{len(found)} damaged lines" if found else "intact"),
+                  markup=False, soft_wrap=True)
+    for line in damaged:
+        err.print(f"[bold red]damaged:[/] {escape(str(line))}", soft_wrap=True)
+    if damaged:
+        err.print("`edgetune records repair RECIPE` rewrites the stores without them, keeping backups",
+                  markup=False)
+    raise typer.Exit(1 if damaged else 0)
+
+
+@records_app.command("repair")
+def records_repair(recipe: RecipeArg, records_dir: RecordsDirOption = None) -> None:
+    """Rewrite each damaged store of RECIPE without its damaged lines, keeping each original file as a backup."""
+    from edgetune.tuning.records import repair_store
+
+    for name, location in _record_locations(recipe, records_dir).items():
+        if not location.exists():
+            continue
+        repaired = repair_store(location.directory)
+        if not repaired.damaged:
+            out.print(f"{name}: {location.directory}: intact, left as it is", markup=False, soft_wrap=True)
+            continue
+        for line in repaired.damaged:
+            out.print(f"{name}: dropped {line}", markup=False, soft_wrap=True)
+        out.print(f"{name}: originals kept as {', '.join(str(b) for b in repaired.backups)}", markup=False,
+                  soft_wrap=True)
+
+
+def _record_locations(recipe: Path, records_dir: Path | None) -> dict:
+    from edgetune.pipeline import record_locations
+
+    try:
+        return record_locations(_fleet_recipe(recipe), None, records_dir)
+    except EdgetuneError as exc:
+        _fail(exc)
 
 
 def main() -> None:

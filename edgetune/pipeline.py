@@ -26,13 +26,14 @@ import edgetune
 from edgetune.archive import archive_directory
 from edgetune.cuda_precompile import precompile_cuda
 from edgetune.errors import BuildError, EdgetuneError, InputError
-from edgetune.fleet.endpoints import RemoteDevice, remote_device
+from edgetune.fleet.endpoints import RemoteDevice, device_summary, remote_device
 from edgetune.fleet.tracker import require_servers
 from edgetune.frontend.onnx import LoadedModel, fuse_for_tuning, load_model, to_relax
 from edgetune.frontend.winograd import WinogradPolicy
-from edgetune.package.artifact import sha256_file, write_artifact_files, write_manifest
+from edgetune.package.artifact import claim_build_directory, sha256_file, write_artifact_files, write_manifest
 from edgetune.package.deploy import build_program, missing_runner_hint, runner_for, stage_runtime
 from edgetune.package.runtime import runtime_files
+from edgetune.package.signing import Ed25519PrivateKey, load_private_key, sign_manifest, signature_matches
 from edgetune.package.verify import OutputCheck, checksum_problems, read_manifest
 from edgetune.profiles import DeviceProfile, resolve_profile
 from edgetune.recipe import FleetTarget, Recipe, recipe_hash
@@ -71,6 +72,8 @@ class TargetResult:
     records: str | None = None  # the target's record store: relative to the build directory, or absolute
     transfer: dict[str, Any] | None = None  # what its siblings' records contributed (None: no siblings)
     selection: dict[str, Any] | None = None  # schedules compared inside the model (None: not done)
+    tuning_failed: list[str] = field(default_factory=list)  # "<task>: <ExcType>: <message>"; kept their best so far
+    device: dict[str, Any] | None = None  # arch, via ("local"/"rpc"), emulated, key: fleet.endpoints.device_summary
     error: str | None = None
     wall_s: float = 0.0
 
@@ -107,10 +110,12 @@ EventFn = Callable[[Event], None]
 
 
 def build(recipe: Recipe, only: list[str] | None = None, on_event: EventFn | None = None,
-          records_dir: Path | None = None) -> BuildResult:
+          records_dir: Path | None = None, sign_key: Path | None = None) -> BuildResult:
     """Build every target of the recipe (or those named in `only`), siblings first; one target's
-    failure spares the rest. `records_dir` replaces the recipe's records_dir."""
+    failure spares the rest. `records_dir` replaces the recipe's records_dir; `sign_key`: an Ed25519
+    private key that signs each artifact's manifest (manifest.sig)."""
     emit = on_event or (lambda event: None)
+    signer = load_private_key(sign_key) if sign_key is not None else None  # a bad key fails before any work
     profiles = {t.name: resolve_profile(t.profile, t.overrides) for t in recipe.fleet}
     order, siblings = order_fleet(recipe.fleet, profiles)
     selected = {t.name for t in _select(recipe, only)}
@@ -118,19 +123,24 @@ def build(recipe: Recipe, only: list[str] | None = None, on_event: EventFn | Non
     stores = record_stores(recipe, profiles, records_dir)
     result = BuildResult(recipe.name, str(recipe.output_dir / recipe.name))
     model = load_model(
-        zoo=recipe.model.zoo, onnx_path=recipe.model_path, input_shapes=recipe.model.input_shapes
+        zoo=recipe.model.zoo, onnx_path=recipe.model_path, input_shapes=recipe.model.input_shapes,
+        say=lambda message: emit(Event("model", message)), exported_program=recipe.exported_program_path,
     )
     toolchains = check_toolchains([profiles[t.name] for t in targets])
     relax_mod = to_relax(model)
     reference = ReferenceRuntime(model)
+    claim_build_directory(Path(result.output_dir), [t.name for t in targets])  # refuses what is not edgetune's
     for target in targets:
         started = time.monotonic()
         try:
             profile = profiles[target.name]
             sibling_stores = {name: stores[name] for name in siblings[target.name] if stores[name].exists()}
+            store = RecordStore(stores[target.name].directory)
+            for warning in store.damage_warnings():
+                emit(Event(target.name, f"warning: {warning}"))
             result.targets[target.name] = _build_target(
                 recipe, target, profile, toolchains[profile.name], model, relax_mod, reference, emit,
-                RecordStore(stores[target.name].directory), sibling_stores,
+                store, sibling_stores, signer,
             )
         except TuningInterrupted:
             raise
@@ -240,6 +250,7 @@ def _build_target(
     emit: EventFn,
     store: RecordStore,
     sibling_stores: dict[str, StoreLocation],
+    signer: Ed25519PrivateKey | None = None,
 ) -> TargetResult:
     # Measured here: this machine's CPU. Other devices need an RPC connection, or no tuning at all.
     measured_here = target.is_local and profile.device == "cpu" and toolchain.native
@@ -272,6 +283,9 @@ def _build_target(
     inputs_hash = _inputs_hash(recipe, target, profile, toolchain, model, store)
     if _reusable(artifact_dir, archive, inputs_hash):
         emit(Event(target.name, "inputs unchanged: keeping the packaged artifact"))
+        if signer is not None and not signature_matches(artifact_dir, signer.public_key()):
+            sign_manifest(artifact_dir, signer)
+            archive_directory(artifact_dir, archive)
         _fill_from_manifest(result, read_manifest(artifact_dir), artifact_dir, archive)
         result.reused = True
         return result
@@ -349,8 +363,11 @@ def _build_target(
     emit(Event(target.name, "verifying the packaged artifact against ONNX Runtime"))
     manifest["verification"].update(_verify_shipped(artifact_dir, manifest, toolchain, runtime_dir, remote))
     write_manifest(artifact_dir, manifest)
+    if signer is not None:
+        sign_manifest(artifact_dir, signer)
     archive_directory(artifact_dir, archive)
     _fill_from_manifest(result, read_manifest(artifact_dir), artifact_dir, archive)
+    result.device = device_summary(toolchain.arch, remote)
     problems = checksum_problems(artifact_dir, read_manifest(artifact_dir))
     verification = manifest["verification"]
     if problems:
@@ -410,9 +427,14 @@ def _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, re
             "skipped_for_budget": t.skipped_for_budget,
             "space_exhausted": t.space_exhausted,
             "candidates": asdict(t.search) if recipe.tuning.search == "draft-verify" else None,
+            "search_fallback": t.search.fallback,
+            "tuning_failed": t.tuning_failed,
         }
         for t in tuning.tasks
     ]
+    for t in tuning.failed:
+        kept = "its best schedule so far" if t.best_us is not None else "its untuned schedule"
+        emit(Event(target.name, f"warning: tuning of task {t.name} failed ({t.tuning_failed}); it keeps {kept}"))
     return TargetResult(
         target.name,
         trials_measured=tuning.trials_measured,
@@ -423,6 +445,7 @@ def _tune_target(recipe, target, profile, tvm_target, relax_mod, store, emit, re
         tasks_total=len(tasks),
         records=_display_store(store.directory, recipe.output_dir / recipe.name),
         transfer=_transfer_summary(tuning, sibling_stores, recipe.tuning.transfer),
+        tuning_failed=[f"{t.name}: {t.tuning_failed}" for t in tuning.failed],
     )
 
 
@@ -594,6 +617,8 @@ def _check_program(artifact_dir: Path, manifest: dict, toolchain: Toolchain, run
 
 
 def _template_context(recipe, target, profile, toolchain, model, latency, measured_on) -> dict[str, Any]:
+    """What the artifact's io.json and templates are made from. Names stay strings here: the README
+    escapes every value it prints, the code templates refuse any but numbers and plain words."""
     import tvm
 
     def ms(value: float | None) -> str:
@@ -612,10 +637,9 @@ def _template_context(recipe, target, profile, toolchain, model, latency, measur
         "cxx": toolchain.cxx.name if toolchain.cxx else "g++",
         "edgetune_version": edgetune.__version__,
         "tvm_package": f"apache-tvm=={tvm.__version__}",
-        "input_names": repr([i.name for i in model.inputs]),
         "output_names": list(model.output_names),
         "inputs": [
-            {"name": i.name, "shape": list(i.shape), "dl_code": _DL_CODES[i.dtype.rstrip("0123456789")],
+            {"name": i.name, "shape": [int(d) for d in i.shape], "dl_code": _DL_CODES[i.dtype.rstrip("0123456789")],
              "bits": int("".join(c for c in i.dtype if c.isdigit()))}
             for i in model.inputs
         ],

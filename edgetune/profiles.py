@@ -15,12 +15,12 @@ import platform
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, create_model, model_validator
 
 from edgetune.errors import InputError
-from edgetune.yamlsource import InvalidData, Problem, YamlFloat, read_yaml, unknown_field, validate
+from edgetune.yamlsource import InvalidData, Problem, YamlFloat, excerpt, in_range, read_yaml, unknown_field, validate
 
 if TYPE_CHECKING:
     import tvm.target
@@ -59,31 +59,43 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class Hardware(_Strict):
-    """Numbers the analytic cost model needs about the device that runs the kernels."""
+_Units = Annotated[int, in_range(1, 1024, "compute units one device runs kernels on; threads and the cost "
+                                          "model are sized by it")]
+_CacheKb = Annotated[int, in_range(0, 2**21, "KiB; no device has a 2 GiB cache")]
 
-    cores: PositiveInt | None = None
+
+class Hardware(_Strict):
+    """Numbers the analytic cost model needs about the device that runs the kernels.
+
+    Each has a range: they size thread pools and the cost model's arithmetic, and a typo (1000000
+    cores) would otherwise surface as a hang or a nonsense estimate long after validation.
+    """
+
+    cores: _Units | None = None
     """CPU cores used for compute (CPU profiles)."""
-    clock_ghz: YamlFloat
+    clock_ghz: Annotated[YamlFloat, in_range(0, 10, "GHz; no processor runs above 10 GHz", low_open=True)]
     """Clock of the compute device (the GPU clock for GPU profiles)."""
-    flops_per_cycle: YamlFloat
+    flops_per_cycle: Annotated[YamlFloat, in_range(0, 4096, "fp32 FLOPs per cycle of one core or SM",
+                                                   low_open=True)]
     """Peak fp32 FLOPs per cycle per CPU core, or per SM / shader core on GPUs (an FMA counts 2)."""
-    vector_bits: PositiveInt | None = None
+    vector_bits: Annotated[int, in_range(32, 2048, "SIMD register width in bits; SVE tops out at 2048")] | None = None
     """SIMD register width (CPU profiles)."""
-    l1d_kb: NonNegativeInt
+    l1d_kb: _CacheKb
     """L1 data cache per core, or L1/shared per SM on GPUs."""
-    l2_kb: NonNegativeInt
-    l3_kb: NonNegativeInt = 0
-    memory_bandwidth_gbs: YamlFloat
+    l2_kb: _CacheKb
+    l3_kb: _CacheKb = 0
+    memory_bandwidth_gbs: Annotated[YamlFloat, in_range(0, 100_000, "GB/s; the fastest memories give a few "
+                                                        "thousand", low_open=True)]
     """Datasheet peak DRAM bandwidth."""
-    peak_gflops: YamlFloat | None = None
+    peak_gflops: Annotated[YamlFloat, in_range(0, 10_000_000, "GFLOPS; 10 PFLOPS is beyond any one device",
+                                               low_open=True)] | None = None
     """Peak fp32 GFLOPS; computed as (sm_count or cores) * clock_ghz * flops_per_cycle when omitted."""
-    sm_count: PositiveInt | None = None
+    sm_count: _Units | None = None
     """GPU streaming multiprocessors / shader cores."""
-    max_threads_per_block: PositiveInt | None = None
-    shared_memory_per_block_kb: PositiveInt | None = None
-    registers_per_sm: PositiveInt | None = None
-    warp_size: PositiveInt | None = None
+    max_threads_per_block: Annotated[int, in_range(1, 4096, "GPU threads in one block")] | None = None
+    shared_memory_per_block_kb: Annotated[int, in_range(1, 1024, "KiB of GPU shared memory")] | None = None
+    registers_per_sm: Annotated[int, in_range(1, 2**20, "registers of one SM")] | None = None
+    warp_size: Annotated[int, in_range(1, 128, "threads that run in lockstep")] | None = None
 
     @model_validator(mode="after")
     def _fill_peak(self) -> Hardware:
@@ -247,8 +259,10 @@ def _consistency_problems(p: DeviceProfile) -> list[Problem]:
             problems.append(Problem((field, "kind"), "required field is missing"))
         elif spec["kind"] != kind:
             problems.append(
-                Problem((field, "kind"), f"expected '{kind}' for device '{p.device}', got {spec['kind']!r}")
+                Problem((field, "kind"),
+                        f"expected '{kind}' for device '{p.device}', got {excerpt(repr(spec['kind']))}")
             )
+    problems += _num_cores_problems(p.target)
     triple = p.target.get("mtriple")
     if p.device == "cpu" and isinstance(triple, str) and _triple_isa(triple) not in (None, p.isa):
         problems.append(Problem(("target", "mtriple"), f"'{triple}' is not an {p.isa} triple (isa is '{p.isa}')"))
@@ -256,6 +270,39 @@ def _consistency_problems(p: DeviceProfile) -> list[Problem]:
         if getattr(p.hardware, field) is None:
             problems.append(Problem(("hardware", field), f"required for a '{p.device}' profile"))
     return problems
+
+
+def _num_cores_problems(target: Mapping[str, Any]) -> list[Problem]:
+    cores = target.get("num-cores")
+    if isinstance(cores, int) and not isinstance(cores, bool) and not 1 <= cores <= 1024:
+        return [Problem(("target", "num-cores"), f"must be at least 1 and at most 1024 (threads TVM compiles "
+                                                 f"for), got {excerpt(cores)}")]
+    return []
+
+
+def override_problems(overrides: Mapping[str, Any]) -> list[Problem]:
+    """What a fleet target's overrides show on their own: unknown sections, each hardware number's type
+    and range, the thread count. Needs neither TVM (seconds to import) nor the profile, so a recipe
+    check reports these with its other problems; `resolve_profile` then checks the merged whole."""
+    problems = [Problem((key,), unknown_field(key, OVERRIDABLE), at_key=True) for key in overrides
+                if key not in OVERRIDABLE]
+    target, hardware = overrides.get("target"), overrides.get("hardware")
+    if isinstance(target, Mapping):
+        problems += _num_cores_problems(target)
+    for key, value in hardware.items() if isinstance(hardware, Mapping) else ():
+        if key not in Hardware.model_fields:
+            problems.append(Problem(("hardware", key), unknown_field(key, Hardware.model_fields), at_key=True))
+            continue
+        _, found = validate(_hardware_field(key), {key: value})
+        problems += [Problem(("hardware", *p.path), p.message, p.at_key) for p in found]
+    return problems
+
+
+@functools.cache
+def _hardware_field(name: str) -> type[BaseModel]:
+    """A model of the one Hardware field `name`, so an override is checked by the same rules."""
+    field = Hardware.model_fields[name]
+    return create_model(f"Hardware_{name}", __config__=ConfigDict(strict=True), **{name: (field.annotation, field)})
 
 
 def _tvm_problems(p: DeviceProfile) -> list[Problem]:
@@ -271,18 +318,20 @@ def _tvm_problems(p: DeviceProfile) -> list[Problem]:
             if key not in options:
                 problems.append(Problem((field, key), unknown_field(key, sorted(options)), at_key=True))
             elif not _has_option_type(value, options[key]):
-                problems.append(Problem((field, key), f"expected {_OPTION_TYPES[options[key]][0]}, got {value!r}"))
+                problems.append(Problem((field, key), f"expected {_OPTION_TYPES[options[key]][0]}, "
+                                                      f"got {excerpt(repr(value))}"))
         if spec["kind"] == "llvm":
             problems += _mcpu_problems(field, spec)
         arch = spec.get("arch")
         if spec["kind"] == "cuda" and isinstance(arch, str) and not _CUDA_ARCH.fullmatch(arch):
-            problems.append(Problem((field, "arch"), f"expected an NVIDIA architecture like 'sm_80', got '{arch}'"))
+            problems.append(Problem((field, "arch"),
+                                    f"expected an NVIDIA architecture like 'sm_80', got '{excerpt(arch)}'"))
     if not problems:
         try:
             p.tvm_target()
         except (ValueError, TypeError, RuntimeError) as exc:
             reason = str(exc).splitlines()[0].split(". Target creation from config dict failed")[0]
-            problems.append(Problem(("target",), f"TVM rejects this target: {reason}"))
+            problems.append(Problem(("target",), f"TVM rejects this target: {excerpt(reason, 200)}"))
     return problems
 
 
@@ -294,9 +343,9 @@ def _mcpu_problems(field: str, spec: Mapping[str, Any]) -> list[Problem]:
     if not isinstance(mcpu, str) or not isinstance(triple, str) or codegen.llvm_is_valid_cpu(mcpu, triple):
         return []
     cpus = list(codegen.llvm_get_cpu_archlist(Target({"kind": "llvm", "mtriple": triple})))
-    close = difflib.get_close_matches(mcpu, cpus, n=3)
+    close = difflib.get_close_matches(mcpu[:100], cpus, n=3)
     hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    return [Problem((field, "mcpu"), f"LLVM does not know CPU '{mcpu}' for {triple}{hint}")]
+    return [Problem((field, "mcpu"), f"LLVM does not know CPU '{excerpt(mcpu)}' for {triple}{hint}")]
 
 
 _OPTION_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {

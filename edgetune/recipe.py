@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -19,8 +21,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    NonNegativeInt,
-    PositiveInt,
     PrivateAttr,
     field_validator,
     model_validator,
@@ -28,12 +28,15 @@ from pydantic import (
 
 from edgetune import profiles
 from edgetune.errors import InputError
+from edgetune.ownership import foreign_directory_problem
 from edgetune.yamlsource import (
     InvalidData,
     Problem,
     YamlDocument,
     YamlFloat,
     display_path,
+    excerpt,
+    in_range,
     parse_yaml,
     read_yaml,
     validate,
@@ -42,14 +45,17 @@ from edgetune.yamlsource import (
 ZOO_MODELS = ("resnet18", "mobilenet_v2", "tiny_cnn")
 """Built-in models (mirrors edgetune.frontend.zoo.ZOO_NAMES without importing the frontend)."""
 
-_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
+ZOO_INPUT = "data"
+"""The one input every zoo model has (mirrors edgetune.frontend.zoo.INPUT_NAME)."""
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 
 
 def _check_name(value: str) -> str:
     if not _NAME.fullmatch(value):
         raise ValueError(
-            f"expected lowercase letters, digits, '-' or '_', starting with a letter or digit "
-            f"(it names a directory), got {value!r}"
+            f"expected lowercase letters, digits, '-' or '_', 1 to 64 of them, starting with a letter or digit "
+            f"(it names a directory), got {excerpt(repr(value))}"
         )
     return value
 
@@ -57,37 +63,72 @@ def _check_name(value: str) -> str:
 Name = Annotated[str, AfterValidator(_check_name)]
 
 
+def _check_path_text(value: str) -> str:
+    if "\0" in value:
+        raise ValueError(f"a path cannot contain a NUL character, got {excerpt(repr(value))}")
+    return value
+
+
+PathText = Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_check_path_text)]
+"""A file system path as written in a recipe (relative to the recipe file)."""
+
+ShortText = Annotated[str, Field(min_length=1, max_length=255)]
+"""A host name, user name or RPC key."""
+
+TimeoutSeconds = Annotated[YamlFloat, in_range(0, 3600, "seconds one measurement may wait; no kernel takes an hour",
+                                                low_open=True)]
+
+MAX_INPUT_ELEMENTS = 2**28
+"""Most elements one model input may have: sample inputs and reference runs hold it in memory (1 GiB of float32)."""
+
+Dim = Annotated[int, in_range(1, 2**20, "elements along one dimension")]
+
+
+def _check_elements(shape: list[int]) -> list[int]:
+    if math.prod(shape) > MAX_INPUT_ELEMENTS:
+        raise ValueError(f"{math.prod(shape)} elements; an input may have at most {MAX_INPUT_ELEMENTS} "
+                         "(it is generated and held in memory to verify the model)")
+    return shape
+
+
+Shape = Annotated[list[Dim], Field(min_length=1, max_length=8), AfterValidator(_check_elements)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ModelSpec(_Strict):
-    """The network: a built-in zoo model or an ONNX file (exactly one)."""
+    """The network: a built-in zoo model, an ONNX file or a torch.export program (exactly one)."""
 
     zoo: str | None = None
-    onnx: str | None = None
+    onnx: PathText | None = None
     """Path relative to the recipe file."""
-    input_shapes: dict[str, list[PositiveInt]] | None = None
-    """Input name -> shape; needed when the ONNX file leaves dimensions symbolic."""
+    exported_program: PathText | None = None
+    """A `torch.export.save` file (.pt2), relative to the recipe file; needs `pip install "edgetune[torch]"`."""
+    input_shapes: dict[ShortText, Shape] | None = Field(default=None, max_length=64)
+    """Input name -> shape; needed when the ONNX file leaves dimensions symbolic. A zoo model has one
+    input, `data`, of shape [N, 3, H, W]."""
 
     @field_validator("zoo")
     @classmethod
     def _known_zoo(cls, value: str | None) -> str | None:
         if value is not None and value not in ZOO_MODELS:
-            raise ValueError(f"unknown zoo model {value!r}; known: {', '.join(ZOO_MODELS)}")
+            raise ValueError(f"unknown zoo model {excerpt(repr(value))}; known: {', '.join(ZOO_MODELS)}")
         return value
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
-        if (self.zoo is None) == (self.onnx is None):
-            raise ValueError("give exactly one of 'zoo' (a built-in model) or 'onnx' (a file path)")
+        if [self.zoo, self.onnx, self.exported_program].count(None) != 2:
+            raise ValueError("give exactly one of 'zoo' (a built-in model), 'onnx' (a file path) or "
+                             "'exported_program' (a torch.export .pt2 file)")
         return self
 
 
 def _check_host_port(value: str) -> str:
     host, _, port = value.rpartition(":")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError(f"expected 'host:port' with a port from 1 to 65535, got {value!r}")
+    if not host or len(value) > 260 or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"expected 'host:port' with a port from 1 to 65535, got {excerpt(repr(value))}")
     return value
 
 
@@ -99,8 +140,8 @@ class RpcSpec(_Strict):
 
     tracker: HostPort
     """host:port of the RPC tracker."""
-    key: str = Field(min_length=1)
-    timeout_s: YamlFloat = Field(default=30.0, gt=0)
+    key: ShortText
+    timeout_s: TimeoutSeconds = 30.0
     """Seconds one measurement may take on the device; a server that hangs costs this once."""
 
     @property
@@ -120,23 +161,23 @@ class SshSpec(_Strict):
     Key or agent authentication only; the host key must be known (or `accept_new_host_key`).
     """
 
-    host: str = Field(min_length=1)
-    user: str = Field(min_length=1)
+    host: ShortText
+    user: ShortText
     port: int = Field(default=22, ge=1, le=65535)
-    key_file: str | None = None
+    key_file: PathText | None = None
     """Private key, relative to the recipe file; without it, the SSH agent's keys and ~/.ssh/id_*."""
-    known_hosts: str = "~/.ssh/known_hosts"
+    known_hosts: PathText = "~/.ssh/known_hosts"
     accept_new_host_key: bool = False
     """OpenSSH's accept-new: trust and record an unknown host key; a changed one is still refused."""
-    python: str = "python3"
+    python: PathText = "python3"
     """The device's Python, with apache-tvm of the host's version installed."""
-    workdir: str = ".edgetune/fleet"
+    workdir: PathText = ".edgetune/fleet"
     """Where the RPC server's pid file and log live on the device (relative to the login directory)."""
     tracker: HostPort | None = None
     """host:port of the tracker, as this machine reaches it; defaults to the recipe's `tracker`."""
-    key: str = Field(min_length=1)
+    key: ShortText
     """The RPC key the device's server registers under."""
-    timeout_s: YamlFloat = Field(default=30.0, gt=0)
+    timeout_s: TimeoutSeconds = 30.0
     """Seconds one measurement may take on the device; a server that hangs costs this once."""
 
     @model_validator(mode="before")
@@ -172,13 +213,13 @@ class FleetTarget(_Strict):
     """One device in the fleet: a profile, optional overrides, and how to reach it."""
 
     name: Name
-    profile: str
+    profile: ShortText
     """A file device_profiles/<profile>.yaml."""
     overrides: dict[str, Any] | None = None
     """Deep-merged onto the profile (target, host, hardware, cross_compiler)."""
     connection: RpcConnection | None = None
     """None: measured on this machine (`connection: local` in YAML)."""
-    transfer_from: list[str] | None = None
+    transfer_from: list[ShortText] | None = Field(default=None, max_length=256)
     """Fleet targets whose tuning records warm-start this one (they are tuned first). Left out:
     the targets before it with the same ISA family and device kind; []: none."""
 
@@ -190,7 +231,7 @@ class FleetTarget(_Strict):
         if isinstance(value, str):
             raise ValueError(
                 f"expected 'local' or {{rpc: {{tracker: 'host:port', key: ...}}}} or {{ssh: {{host: ..., user: ..., "
-                f"key: ...}}}}, got {value!r}"
+                f"key: ...}}}}, got {excerpt(repr(value))}"
             )
         return value
 
@@ -203,18 +244,20 @@ class FleetTarget(_Strict):
 class TuningSpec(_Strict):
     """Search budget: trials per task and/or wall-clock minutes, whichever runs out first."""
 
-    trials_per_task: NonNegativeInt | None = None
+    trials_per_task: Annotated[int, in_range(0, 100_000, "each trial is a measurement on the device; "
+                                             "100000 per task is days of tuning")] | None = None
     """Measurements per task across builds; 0 compiles with whatever records the target's store holds."""
-    time_budget_min: YamlFloat | None = Field(default=None, gt=0)
+    time_budget_min: Annotated[YamlFloat, in_range(0, 10_080, "minutes: a week", low_open=True)] | None = None
     search: Literal["evolutionary", "draft-verify"] = "evolutionary"
-    seed: NonNegativeInt = 0
-    max_tasks: PositiveInt | None = None
+    seed: Annotated[int, in_range(0, 2**32 - 1, "the random generators take 32-bit seeds")] = 0
+    max_tasks: Annotated[int, in_range(1, 10_000, "a model has at most a few hundred tuning tasks")] | None = None
     """Tune only the N heaviest tasks."""
     winograd: bool = True
     """On CPU targets, 3x3 stride-1 convolutions computed by Winograd F(4x4, 3x3) on weights transformed
     at compile time (4x fewer multiplications; results differ from a direct convolution by float32
     rounding); false: direct convolution."""
-    in_model_candidates: PositiveInt = 4
+    in_model_candidates: Annotated[int, in_range(1, 64, "each candidate is compiled and timed inside the "
+                                                     "model")] = 4
     """On targets measured on this machine, each kernel's N best schedules are compared by their time
     inside the compiled model, where caches and neighbours differ from the tuner's lone kernel, and
     the fastest there is packaged (edgetune/selection.py); 1: the tuner's best."""
@@ -233,8 +276,10 @@ class TuningSpec(_Strict):
 class VerifySpec(_Strict):
     """Tolerances for comparing the tuned module's output with the reference."""
 
-    rtol: YamlFloat = Field(default=1e-4, ge=0)
-    atol: YamlFloat = Field(default=1e-4, ge=0)
+    rtol: Annotated[YamlFloat, in_range(0, 1, "a relative tolerance above 1 (100 %) accepts almost any "
+                                        "output")] = 1e-4
+    atol: Annotated[YamlFloat, in_range(0, 1, "an absolute tolerance above 1 accepts almost any output of "
+                                        "a network")] = 1e-4
 
 
 class PackageSpec(_Strict):
@@ -248,7 +293,7 @@ class PackageSpec(_Strict):
 class TrackerSpec(_Strict):
     """The recipe's RPC tracker; with `start`, `edgetune fleet up` runs it on this machine."""
 
-    host: str = "127.0.0.1"
+    host: Annotated[str, Field(max_length=255)] = "127.0.0.1"
     """Address it binds to (and is reached at); loopback unless devices must reach it directly."""
     port: int = Field(default=9190, ge=1, le=65535)
     start: bool = True
@@ -265,15 +310,15 @@ class Recipe(_Strict):
 
     name: Name
     model: ModelSpec
-    fleet: list[FleetTarget] = Field(min_length=1)
+    fleet: list[FleetTarget] = Field(min_length=1, max_length=256)
     tuning: TuningSpec
     verify: VerifySpec = Field(default_factory=VerifySpec)
     package: PackageSpec = Field(default_factory=PackageSpec)
     tracker: TrackerSpec | None = None
     """The fleet's RPC tracker (see `edgetune fleet up`); the default tracker of `ssh` connections."""
-    output: str = "build"
-    """Output directory, relative to the recipe file."""
-    records_dir: str | None = None
+    output: PathText = "build"
+    """Output directory, relative to the recipe file (`~` is the home directory)."""
+    records_dir: PathText | None = None
     """Where each device's tuning records persist across builds, relative to the recipe file
     (default: <output>/<name>/records); `edgetune build --records-dir` overrides it."""
 
@@ -293,19 +338,25 @@ class Recipe(_Strict):
     @property
     def output_dir(self) -> Path:
         """Absolute output directory."""
-        return (self.base_dir / self.output).resolve()
+        return (self.base_dir / Path(self.output).expanduser()).resolve()
 
     @property
     def records_path(self) -> Path:
         """Absolute directory of the record stores."""
         if self.records_dir is None:
             return self.output_dir / self.name / "records"
-        return (self.base_dir / self.records_dir).resolve()
+        return (self.base_dir / Path(self.records_dir).expanduser()).resolve()
 
     @property
     def model_path(self) -> Path | None:
         """Absolute path of the ONNX file; None for zoo models."""
         return (self.base_dir / self.model.onnx).resolve() if self.model.onnx else None
+
+    @property
+    def exported_program_path(self) -> Path | None:
+        """Absolute path of the torch.export program; None unless the model is one."""
+        program = self.model.exported_program
+        return (self.base_dir / program).resolve() if program else None
 
 
 def load_recipe(path: Path) -> Recipe:
@@ -339,43 +390,190 @@ def recipe_hash(recipe: Recipe) -> str:
 
 def _load(doc: YamlDocument, base_dir: Path) -> Recipe:
     recipe, problems = validate(Recipe, doc.data)
-    problems += _model_file_problems(doc.data, base_dir)
-    fleet_problems, outside = _fleet_problems(doc.data)
-    problems += fleet_problems + _tracker_problems(doc.data)
-    if problems or outside or recipe is None:
+    problems += _model_file_problems(doc.data, base_dir) + _output_problems(doc.data, base_dir)
+    problems += _fleet_problems(doc.data) + _tracker_problems(doc.data)
+    if problems or recipe is None:
+        raise InputError(doc.locate(problems))
+    # Profiles are checked against TVM itself, which takes seconds to import: only once all else is right.
+    problems, outside = _profile_problems(doc.data)
+    if problems or outside:
         raise InputError(doc.locate(problems) + outside)
     recipe._base_dir = base_dir.resolve()
     return recipe
 
 
+def _usable_path(value: object) -> bool:
+    """True for a path the schema accepts (its own problems are reported there)."""
+    return isinstance(value, str) and 0 < len(value) <= 4096 and "\0" not in value
+
+
 def _model_file_problems(data: dict[str, Any], base_dir: Path) -> list[Problem]:
+    """What `build` would otherwise find late: an ONNX file it cannot use, input shapes the model lacks."""
     model = data.get("model")
-    onnx = model.get("onnx") if isinstance(model, dict) else None
-    if isinstance(onnx, str) and not (base_dir / onnx).is_file():
-        return [Problem(("model", "onnx"), f"ONNX file not found: {display_path(base_dir / onnx)}")]
-    return []
+    if not isinstance(model, dict):
+        return []
+    onnx, shapes = model.get("onnx"), model.get("input_shapes")
+    shapes = shapes if isinstance(shapes, dict) else {}
+    program = model.get("exported_program")
+    if _usable_path(program) and not (base_dir / program).is_file():
+        shown = excerpt(display_path(base_dir / program), 200)
+        return [Problem(("model", "exported_program"), f"torch.export program (a file written by torch.export.save) "
+                                                       f"not found: {shown}")]
+    if isinstance(model.get("zoo"), str) and onnx is None:
+        return _zoo_shape_problems(shapes)
+    if not _usable_path(onnx):
+        return []
+    path = base_dir / onnx
+    if not path.exists():
+        return [Problem(("model", "onnx"), f"ONNX file not found: {excerpt(display_path(path), 200)}")]
+    if not path.is_file():
+        return [Problem(("model", "onnx"), f"{excerpt(display_path(path), 200)}: not a file; expected an ONNX model")]
+    return _onnx_problems(path, shapes)
 
 
-def _fleet_problems(data: dict[str, Any]) -> tuple[list[Problem], list[str]]:
-    """Unique names, transfer_from references, known profiles and valid overrides.
+def _zoo_shape_problems(shapes: dict[Any, Any]) -> list[Problem]:
+    """A zoo model has one input, `data`, shaped [N, 3, H, W] (edgetune.frontend.zoo)."""
+    problems = []
+    for name, shape in shapes.items():
+        where = ("model", "input_shapes", name)
+        if name != ZOO_INPUT:
+            problems.append(Problem(where, f"a zoo model has one input, '{ZOO_INPUT}'; no input named "
+                                           f"{excerpt(repr(name))}", at_key=True))
+        elif isinstance(shape, list) and (len(shape) != 4 or shape[1] != 3):
+            problems.append(Problem(where, f"expected [N, 3, H, W] for a zoo model (batch, 3 colour channels, "
+                                           f"height, width), got {excerpt(shape)}"))
+    return problems
+
+
+_ONNX_ELEMENT_TYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 10: "float16", 11: "float64"}
+"""ONNX TensorProto element types an input may have (those edgetune.frontend.onnx can feed)."""
+
+MAX_ONNX_BYTES = 2**31 - 1
+"""Protocol buffers cannot hold more; larger models keep their weights in external data files."""
+
+
+def _onnx_problems(path: Path, shapes: dict[Any, Any]) -> list[Problem]:
+    """Parse the model's protocol buffer (no TVM import, no external weights) and check its signature."""
+    where, shown = ("model", "onnx"), excerpt(display_path(path), 200)
+    if path.stat().st_size > MAX_ONNX_BYTES:
+        return [Problem(where, f"{shown}: larger than 2 GiB; ONNX keeps weights this large in external data files")]
+    try:
+        import onnx
+
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf's DecodeError, OSError, onnx's own errors: all say "cannot use it"
+        return [Problem(where, f"{shown}: not a readable ONNX model ({excerpt(exc, 160)})")]
+    if not proto.graph.node or not proto.graph.output:
+        return [Problem(where, f"{shown}: not an ONNX model, or a truncated one: its graph has no "
+                               f"{'nodes' if not proto.graph.node else 'outputs'}")]
+    if not any(opset.domain in ("", "ai.onnx") and opset.version > 0 for opset in proto.opset_import):
+        return [Problem(where, f"{shown}: declares no ONNX operator set version (opset_import); export it again "
+                               "with an opset (e.g. torch.onnx.export(..., opset_version=17))")]
+    return _input_problems(shown, proto, shapes)
+
+
+def _input_problems(shown: str, proto: Any, shapes: dict[Any, Any]) -> list[Problem]:
+    """input_shapes against the graph's inputs: each named one exists with that rank, and every input
+    the recipe leaves out has a concrete shape and an element type edgetune can feed."""
+    initializers = {t.name for t in proto.graph.initializer}
+    inputs = {i.name: i for i in proto.graph.input if i.name not in initializers}
+    problems = [Problem(("model", "input_shapes", name), f"{shown} has no input {excerpt(repr(name))}; its inputs "
+                                                         f"are {excerpt(sorted(inputs), 200)}", at_key=True)
+                for name in shapes if name not in inputs]
+    for name, value in inputs.items():
+        tensor_type, shown_name = value.type.tensor_type, excerpt(repr(name))
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+        if tensor_type.elem_type not in _ONNX_ELEMENT_TYPES:
+            problems.append(Problem(("model", "onnx"), f"{shown}: input {shown_name} has element type "
+                                                       f"{tensor_type.elem_type}; supported: "
+                                                       f"{', '.join(_ONNX_ELEMENT_TYPES.values())}"))
+        elif isinstance(shapes.get(name), list) and dims and len(shapes[name]) != len(dims):
+            problems.append(Problem(("model", "input_shapes", name),
+                                    f"{shown}: input {shown_name} has {len(dims)} dimensions, got {len(shapes[name])}"))
+        elif name not in shapes and any(d is None or d <= 0 for d in dims):
+            problems.append(Problem(("model", "onnx"), f"{shown}: input {shown_name} has a dynamic shape "
+                                                       f"{excerpt(dims)}; give it in model.input_shapes, e.g. "
+                                                       f"{{{excerpt(name)}: [1, 3, 224, 224]}}"))
+    return problems
+
+
+def _output_problems(data: dict[str, Any], base_dir: Path) -> list[Problem]:
+    """Where the build would write: refuse places edgetune must not write into, before anything is written."""
+    problems = []
+    output, name, records = data.get("output", "build"), data.get("name"), data.get("records_dir")
+    if _usable_path(output):
+        output_dir = _absolute(base_dir, output)
+        if isinstance(output_dir, str):
+            problem: str | None = output_dir
+        else:
+            problem = _output_dir_problem(output_dir)
+            if problem is None and isinstance(name, str) and _NAME.fullmatch(name):
+                problem = _build_dir_problem(output_dir / name, data)
+        if problem:
+            problems.append(Problem(("output",), problem))
+    if _usable_path(records):
+        records_dir = _absolute(base_dir, records)
+        problem = records_dir if isinstance(records_dir, str) else _writable_problem(records_dir)
+        if problem:
+            problems.append(Problem(("records_dir",), problem))
+    return problems
+
+
+def _build_dir_problem(build_dir: Path, data: dict[str, Any]) -> str | None:
+    """What the build claims before writing (package.artifact.claim_build_directory): <output>/<name>/ and
+    each target's artifact directory in it must be absent, empty or edgetune's."""
+    targets = [entry.get("name") for _, entry in _fleet_entries(data)]
+    directories = [build_dir, *(build_dir / t for t in targets if isinstance(t, str) and _NAME.fullmatch(t))]
+    return next((p for p in map(foreign_directory_problem, directories) if p), None)
+
+
+def _absolute(base_dir: Path, value: str) -> Path | str:
+    """The absolute directory `value` names, or why it names none (`~nobody`: no such user)."""
+    try:
+        path = base_dir / Path(value).expanduser()
+    except RuntimeError as exc:
+        return f"cannot expand {excerpt(repr(value))}: {excerpt(exc)}"
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # a symbolic link loop: judged as written
+        return path.absolute()
+
+
+def _output_dir_problem(directory: Path) -> str | None:
+    """The root and the home directory hold what the user did not give edgetune."""
+    if directory == Path(directory.anchor):
+        return f"{directory}: is the file system root; give a directory of edgetune's own, e.g. 'build'"
+    if directory == Path.home().resolve():
+        return f"{directory}: is your home directory; give a directory of edgetune's own, e.g. '~/edgetune-builds'"
+    return _writable_problem(directory)
+
+
+def _writable_problem(directory: Path) -> str | None:
+    """Why edgetune could not create or write into `directory`, or None."""
+    if directory.exists() and not directory.is_dir():
+        return f"{excerpt(directory, 200)}: exists and is not a directory; expected a directory (or a new name)"
+    existing = next((p for p in (directory, *directory.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir():
+        return f"{excerpt(directory, 200)}: cannot be created: {existing} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{excerpt(directory, 200)}: cannot be created or written: {existing} is not writable by you"
+    return None
+
+
+def _fleet_problems(data: dict[str, Any]) -> list[Problem]:
+    """Unique names, transfer_from references, known profile names, overrides on their own (no TVM needed).
 
     Works on raw data, skipping values of the wrong type (the schema already reports those).
-    Returns problems in the recipe, and problems already located in a broken profile file.
     """
-    fleet = data.get("fleet")
-    if not isinstance(fleet, list):
-        return [], []
-    entries = [(i, entry) for i, entry in enumerate(fleet) if isinstance(entry, dict)]
+    entries = _fleet_entries(data)
     problems = []
-    outside: list[str] = []
     first_index: dict[str, int] = {}
     for i, entry in entries:
         name = entry.get("name")
         if isinstance(name, str):
             if name in first_index:
-                problems.append(
-                    Problem(("fleet", i, "name"), f"duplicate target name '{name}' (also fleet[{first_index[name]}])")
-                )
+                problems.append(Problem(("fleet", i, "name"), f"duplicate target name '{excerpt(name)}' "
+                                                              f"(also fleet[{first_index[name]}])"))
             else:
                 first_index[name] = i
     known_profiles = profiles.profile_names()
@@ -385,49 +583,101 @@ def _fleet_problems(data: dict[str, Any]) -> tuple[list[Problem], list[str]]:
             if source == entry.get("name"):
                 problems.append(Problem(("fleet", i, "transfer_from", j), "a target cannot transfer from itself"))
             elif isinstance(source, str) and source not in first_index:
-                targets = ", ".join(first_index)
-                problems.append(
-                    Problem(("fleet", i, "transfer_from", j), f"no fleet target named '{source}'; targets: {targets}")
-                )
-        profile = entry.get("profile")
-        if not isinstance(profile, str):
-            continue
-        if profile not in known_profiles:
-            problems.append(Problem(("fleet", i, "profile"), profiles.unknown_profile_message(profile, known_profiles)))
-            continue
+                targets = excerpt(", ".join(first_index), 200)
+                problems.append(Problem(("fleet", i, "transfer_from", j),
+                                        f"no fleet target named '{excerpt(source)}'; targets: {targets}"))
+        profile, overrides = entry.get("profile"), entry.get("overrides")
+        if isinstance(profile, str) and profile not in known_profiles:
+            problems.append(Problem(("fleet", i, "profile"),
+                                    profiles.unknown_profile_message(excerpt(profile), known_profiles)))
+        if isinstance(overrides, dict):
+            problems += [Problem(("fleet", i, "overrides", *p.path), p.message, p.at_key)
+                         for p in profiles.override_problems(overrides)]
+    return problems + _transfer_cycle_problems(entries)
+
+
+def _fleet_entries(data: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    fleet = data.get("fleet")
+    return [(i, entry) for i, entry in enumerate(fleet) if isinstance(entry, dict)] if isinstance(fleet, list) else []
+
+
+def _profile_problems(data: dict[str, Any]) -> tuple[list[Problem], list[str]]:
+    """Each target's profile with its overrides, checked as a whole (against TVM too).
+
+    Returns problems in the recipe, and problems already located in a broken profile file.
+    """
+    problems: list[Problem] = []
+    outside: list[str] = []
+    for i, entry in _fleet_entries(data):
         overrides = entry.get("overrides")
         try:
-            profiles.resolve_profile(profile, overrides if isinstance(overrides, dict) else None)
+            profiles.resolve_profile(entry["profile"], overrides if isinstance(overrides, dict) else None)
         except InvalidData as exc:
             problems += [Problem(("fleet", i, "overrides", *p.path), p.message, p.at_key) for p in exc.found]
         except InputError as exc:
             outside += [p for p in exc.problems if p not in outside]
-    return problems + _transfer_cycle_problems(entries), outside
+    return problems, outside
 
 
 def _transfer_cycle_problems(entries: list[tuple[int, dict[str, Any]]]) -> list[Problem]:
-    """Siblings tune first, so transfer_from cannot go round in a circle."""
+    """Siblings tune first, so transfer_from cannot go round in a circle.
+
+    Tarjan's strongly connected components, without recursion: linear in the fleet's size.
+    """
     sources: dict[str, list[str]] = {}
     index: dict[str, int] = {}
     for i, entry in entries:
         name, named = entry.get("name"), entry.get("transfer_from")
         if isinstance(name, str) and name not in index:
             index[name] = i
-            sources[name] = [s for s in named if isinstance(s, str)] if isinstance(named, list) else []
-    problems = []
-    for name, direct in sources.items():
-        frontier, seen = list(direct), set()
-        while frontier:
-            current = frontier.pop()
-            if current == name and name not in direct:
-                problems.append(Problem(("fleet", index[name], "transfer_from"),
-                                        f"'{name}' transfers from itself through its sources' transfer_from "
-                                        "(a circle): one of them must tune first"))
-                break
-            if current not in seen:
-                seen.add(current)
-                frontier.extend(sources.get(current, []))
-    return problems
+            sources[name] = [s for s in named if isinstance(s, str) and s != name] if isinstance(named, list) else []
+    in_circle = [name for component in _components(sources) if len(component) > 1 for name in component]
+    return [Problem(("fleet", index[name], "transfer_from"),
+                    f"'{excerpt(name)}' transfers from itself through its sources' transfer_from "
+                    "(a circle): one of them must tune first")
+            for name in sorted(in_circle, key=index.__getitem__)]
+
+
+def _components(graph: dict[str, list[str]]) -> list[list[str]]:
+    """Strongly connected components of `graph` (edges to unknown names are ignored)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    edges_of = {node: [e for e in edges if e in graph] for node, edges in graph.items()}
+    for start in graph:
+        if start in order:
+            continue
+        work = [(start, 0)]
+        while work:
+            node, next_edge = work.pop()
+            if next_edge == 0:
+                order[node] = low[node] = len(order)
+                stack.append(node)
+                on_stack.add(node)
+            edges = edges_of[node]
+            if next_edge < len(edges):
+                work.append((node, next_edge + 1))
+                child = edges[next_edge]
+                if child not in order:
+                    work.append((child, 0))
+                elif child in on_stack:
+                    low[node] = min(low[node], order[child])
+                continue
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == order[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                found.append(component)
+    return found
 
 
 def _tracker_problems(data: dict[str, Any]) -> list[Problem]:

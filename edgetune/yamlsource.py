@@ -8,6 +8,7 @@ YAML node tree next to the plain data and maps validation problems back onto it.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import types
 import typing
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ValidationError
+from pydantic import AfterValidator, AllowInfNan, BaseModel, BeforeValidator, ValidationError
 
 from edgetune.errors import InputError
 
@@ -25,6 +26,25 @@ PathPart = str | int
 """One step of a location: a mapping key or a list index."""
 
 M = TypeVar("M", bound=BaseModel)
+
+MAX_FILE_BYTES = 256 * 1024
+"""Largest YAML file read: a recipe or profile is a few KiB; anything near this is not one (and
+PyYAML, in pure Python, takes seconds per 256 KiB)."""
+
+MAX_NODES = 100_000
+"""Most values a document may hold once its aliases are expanded (an alias bomb expands to billions)."""
+
+MAX_DEPTH = 64
+"""Deepest nesting of mappings and lists (a recipe needs about 6)."""
+
+EXCERPT_CHARS = 60
+"""Longest piece of an input value quoted in a message."""
+
+
+def excerpt(text: object, limit: int = EXCERPT_CHARS) -> str:
+    """`text` cut to `limit` characters with "..." and the full length, so no message repeats a huge input."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 @dataclass(frozen=True)
@@ -58,14 +78,14 @@ def format_path(path: Sequence[PathPart]) -> str:
     """`("fleet", 0, "profile")` -> `"fleet[0].profile"`; the empty path is `"(top level)"`."""
     text = ""
     for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+        text += f"[{part}]" if isinstance(part, int) else (f".{excerpt(part)}" if text else excerpt(part))
     return text or "(top level)"
 
 
 def unknown_field(name: object, known: Iterable[str]) -> str:
     """Message for an unknown key, with the closest known key as a suggestion."""
     known = list(known)
-    close = difflib.get_close_matches(str(name), known, n=1)
+    close = difflib.get_close_matches(str(name)[:200], known, n=1)
     if close:
         return f"unknown field; did you mean '{close[0]}'?"
     return f"unknown field; expected one of: {', '.join(known)}" if known else "unknown field"
@@ -89,8 +109,28 @@ def _float_from_yaml_text(value: object) -> object:
     return value
 
 
-YamlFloat = Annotated[float, BeforeValidator(_float_from_yaml_text)]
-"""A float that also accepts the `1e-4` spelling PyYAML leaves as a string."""
+YamlFloat = Annotated[float, BeforeValidator(_float_from_yaml_text), AllowInfNan(False)]
+"""A finite float that also accepts the `1e-4` spelling PyYAML leaves as a string (`.nan`/`.inf` refused)."""
+
+
+def in_range(low: float, high: float, reason: str, low_open: bool = False) -> AfterValidator:
+    """A range check whose message says why the bounds are what they are.
+
+    Every number a user writes ends up sizing a loop, an allocation or a timeout, so each has one.
+    """
+
+    def check(value: float) -> float:
+        above_low = value > low if low_open else value >= low
+        if not (math.isfinite(value) and above_low and value <= high):
+            lowest = f"more than {_number(low)}" if low_open else f"at least {_number(low)}"
+            raise ValueError(f"must be {lowest} and at most {_number(high)} ({reason}), got {excerpt(value)}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 @dataclass(frozen=True)
@@ -135,10 +175,83 @@ def _child(node: yaml.Node, part: PathPart) -> tuple[yaml.Node | None, yaml.Node
     return None
 
 
+if yaml.__with_libyaml__:
+    from yaml._yaml import CParser
+
+    class _SafeLoader(yaml.composer.Composer, CParser, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
+        """yaml.SafeLoader with libyaml's parser (6x faster) under PyYAML's composer, which can be bounded."""
+
+        def __init__(self, text: str):
+            CParser.__init__(self, text)
+            yaml.composer.Composer.__init__(self)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+
+else:
+    _SafeLoader = yaml.SafeLoader  # type: ignore[misc,assignment]
+
+
+class _BoundedLoader(_SafeLoader):
+    """A safe loader that refuses nesting deeper than MAX_DEPTH (the composer recurses) and documents
+    holding more than MAX_NODES values once aliases are expanded, counted while composing: each node's
+    expanded size is the sum of its children's, so an alias costs one lookup, not its expansion.
+
+    It also remembers the node being constructed, so a value Python cannot hold (a 5000-digit integer,
+    30 February) gets a line number.
+    """
+
+    def __init__(self, text: str, name: str):
+        super().__init__(text)
+        self.name = name
+        self.path: list[PathPart | None] = []
+        self.sizes: dict[int, int] = {}
+        self.current: yaml.Node | None = None
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+        if len(self.path) >= MAX_DEPTH:
+            event = self.peek_event()
+            raise yaml.MarkedYAMLError(problem=f"nested deeper than {MAX_DEPTH} levels (a recipe needs about 6)",
+                                       problem_mark=event.start_mark)
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            named = self.anchors.get(event.anchor)
+            if isinstance(named, yaml.CollectionNode) and id(named) not in self.sizes:
+                raise yaml.MarkedYAMLError(problem=f"the alias *{excerpt(event.anchor)} is inside the value it "
+                                                   "names (a cycle)", problem_mark=event.start_mark)
+        self.path.append(index.value if isinstance(index, yaml.ScalarNode) else index)  # type: ignore[arg-type]
+        try:
+            node = super().compose_node(parent, index)
+            self._count(node)
+        finally:
+            self.path.pop()
+        return node
+
+    def _count(self, node: yaml.Node) -> None:
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = node.value
+        else:
+            return
+        size = 1 + sum(self.sizes.get(id(child), 1) for child in children)
+        self.sizes[id(node)] = size
+        if size > MAX_NODES:
+            where = format_path([part for part in self.path if part is not None])
+            raise InputError(f"{self.name}:{node.start_mark.line + 1}: {where}: holds more than {MAX_NODES} "
+                             "values, counting what each YAML alias (*name) repeats; a recipe holds a few hundred")
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        self.current = node
+        return super().construct_object(node, deep)
+
+
 def parse_yaml(text: str, name: str) -> YamlDocument:
-    """Parse one YAML mapping; syntax errors, duplicate keys, empty input and a non-mapping top
-    level become an InputError naming `name` and the line."""
-    loader = yaml.SafeLoader(text)
+    """Parse one YAML mapping; syntax errors, duplicate keys, empty input, a non-mapping top level,
+    oversized input, deep nesting and alias bombs become an InputError naming `name` and the line."""
+    if len(text) > MAX_FILE_BYTES:
+        raise InputError(f"{name}: {len(text)} characters; a YAML file may hold at most {MAX_FILE_BYTES} "
+                         "(256 KiB; a recipe is a few KiB)")
+    loader = _BoundedLoader(text, name)
     try:
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None
@@ -147,21 +260,26 @@ def parse_yaml(text: str, name: str) -> YamlDocument:
         line = mark.line + 1 if mark else 1
         where = ""
         if exc.context and exc.context_mark:
-            where = f" ({exc.context} that starts at line {exc.context_mark.line + 1})"
-        raise InputError(f"{name}:{line}: invalid YAML: {exc.problem or exc}{where}") from None
+            where = f" ({excerpt(exc.context)} that starts at line {exc.context_mark.line + 1})"
+        raise InputError(f"{name}:{line}: invalid YAML: {excerpt(exc.problem or exc, 200)}{where}") from None
     except yaml.YAMLError as exc:
-        raise InputError(f"{name}: invalid YAML: {exc}") from None
+        raise InputError(f"{name}: invalid YAML: {excerpt(exc, 200)}") from None
+    except (ValueError, OverflowError) as exc:  # e.g. int() of 5000 digits, a date that does not exist
+        node = loader.current
+        line = f":{node.start_mark.line + 1}" if node is not None else ""
+        raise InputError(f"{name}{line}: invalid YAML value: {excerpt(exc, 200)}") from None
     finally:
         loader.dispose()
     if root is None:
         raise InputError(f"{name}: the file is empty; expected a YAML mapping of settings")
     if not isinstance(root, yaml.MappingNode):
-        kind = "a list" if isinstance(root, yaml.SequenceNode) else f"the value {data!r}"
+        kind = "a list" if isinstance(root, yaml.SequenceNode) else f"the value {excerpt(repr(data))}"
         raise InputError(
             f"{name}:{root.start_mark.line + 1}: expected a YAML mapping of settings at the top level, got {kind}"
         )
     duplicates = [
-        f"{name}:{key.start_mark.line + 1}: duplicate key '{key.value}' (YAML would silently keep only the last one)"
+        f"{name}:{key.start_mark.line + 1}: duplicate key '{excerpt(key.value)}' "
+        "(YAML would silently keep only the last one)"
         for key in _duplicate_keys(root)
     ]
     if duplicates:
@@ -195,9 +313,13 @@ def read_yaml(path: Path) -> YamlDocument:
     if not path.is_file():
         raise InputError(f"{name}: file not found" if not path.exists() else f"{name}: not a file")
     try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise InputError(f"{name}: {size} bytes; a YAML file may be at most {MAX_FILE_BYTES} bytes "
+                             "(256 KiB; a recipe is a few KiB)")
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{name}: cannot read: {exc}") from None
+        raise InputError(f"{name}: cannot read: {excerpt(exc, 200)}") from None
     return parse_yaml(text, name)
 
 
@@ -226,13 +348,17 @@ def _describe(err: Any) -> str:
     if kind == "missing":
         return "required field is missing"
     if kind in ("value_error", "assertion_error") and "error" in ctx:
-        return str(ctx["error"])
+        return excerpt(ctx["error"], 400)
     if kind == "literal_error":
         return f"expected {ctx['expected']}, got {got}"
     if kind == "too_short":
         return f"must have at least {ctx['min_length']} item(s)"
     if kind == "too_long":
         return f"must have at most {ctx['max_length']} item(s)"
+    if kind == "string_too_short":
+        return f"must have at least {ctx['min_length']} character(s), got {got}"
+    if kind == "string_too_long":
+        return f"must have at most {ctx['max_length']} characters, got {got}"
     bounds = {
         "greater_than": ("greater than", "gt"),
         "greater_than_equal": ("at least", "ge"),
@@ -248,6 +374,7 @@ def _describe(err: Any) -> str:
         "int_from_float": "a whole number",
         "float_type": "a number",
         "float_parsing": "a number",
+        "finite_number": "a finite number (not .nan or .inf)",
         "string_type": "text",
         "bool_type": "true or false",
         "bool_parsing": "true or false",
@@ -258,7 +385,7 @@ def _describe(err: Any) -> str:
     }
     if kind in expected:
         return f"expected {expected[kind]}, got {got}"
-    return str(err["msg"])
+    return excerpt(err["msg"], 300)
 
 
 def _show(value: Any) -> str:
@@ -271,7 +398,7 @@ def _show(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    return repr(value)
+    return excerpt(repr(value))
 
 
 def _field_names(model: type[BaseModel], loc: Sequence[PathPart]) -> list[str]:

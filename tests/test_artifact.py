@@ -14,7 +14,7 @@ from edgetune.package.verify import checksum_problems, read_manifest
 CONTEXT = {
     "model_name": "m", "target_name": "host", "recipe_name": "r", "recipe_hash": "0" * 64, "profile": "host",
     "tvm_target": "{}", "device": "cpu", "edgetune_version": "0", "tvm_package": "apache-tvm==0.27.0.post1",
-    "input_names": "['data']", "rtol": 1e-4, "atol": 1e-4,
+    "rtol": 1e-4, "atol": 1e-4,
     "measured_on": "here", "tuned_text": "1 ms", "untuned_text": "2 ms", "reference_text": "1 ms",
     "arch": "x86_64", "cxx": "g++", "output_names": ["logits"], "cpu_threads": 2,
     "inputs": [{"name": "data", "shape": [6], "dl_code": "kDLFloat", "bits": 32}],
@@ -35,8 +35,8 @@ def make_artifact(root: Path, library_bytes: bytes = b"\x7fELF fake library") ->
 def test_manifest_lists_every_file_with_its_sha256(tmp_path: Path) -> None:
     directory = make_artifact(tmp_path)
     manifest = read_manifest(directory)
-    assert sorted(manifest["files"]) == ["README.md", "deploy/CMakeLists.txt", "deploy/deploy.cc", "model.so",
-                                         "reference_output.npz", "run.py", "sample_input.npz"]
+    assert sorted(manifest["files"]) == ["README.md", "deploy/CMakeLists.txt", "deploy/deploy.cc", "io.json",
+                                         "model.so", "reference_output.npz", "run.py", "sample_input.npz"]
     assert checksum_problems(directory, manifest) == []
 
 

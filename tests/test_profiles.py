@@ -120,7 +120,7 @@ def test_mcpu_suggestion_for_cross_target() -> None:
         ({"hardware": {"corse": 1}}, "overrides.hardware.corse: unknown field; did you mean 'cores'?"),
         ({"target": {"num-core": 2}}, "overrides.target.num-core: unknown field; did you mean 'num-cores'?"),
         ({"target": {"num-cores": "two"}}, "overrides.target.num-cores: expected a whole number, got 'two'"),
-        ({"hardware": {"cores": 0}}, "overrides.hardware.cores: must be greater than 0"),
+        ({"hardware": {"cores": 0}}, "overrides.hardware.cores: must be at least 1 and at most 1024"),
         ({"target": {"kind": "cuda"}}, "overrides.target.kind: expected 'llvm' for device 'cpu'"),
     ],
 )

@@ -24,6 +24,17 @@ tuning:
 """
 
 
+def save_relu_model(path: Path) -> None:
+    """A one-node ONNX model whose input `data` has a symbolic batch dimension."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["data"], ["out"])], "relu",
+                              [helper.make_tensor_value_info("data", TensorProto.FLOAT, ["N", 3, 224, 224])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 3, 224, 224])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
 def write(tmp_path: Path, text: str, name: str = "recipe.yaml") -> Path:
     path = tmp_path / name
     path.write_text(textwrap.dedent(text))
@@ -74,7 +85,7 @@ def test_fleet_recipe_shape() -> None:
 
 def test_onnx_model_and_full_options(tmp_path: Path) -> None:
     (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "net.onnx").write_bytes(b"")
+    save_relu_model(tmp_path / "models" / "net.onnx")
     recipe = load_recipe(
         write(
             tmp_path,
@@ -171,7 +182,7 @@ BAD_CASES = {
         GOOD.replace("trials_per_task: 4", "trials_per_task: -4"),
         8,
         "tuning.trials_per_task",
-        "must be at least 0, got -4",
+        "must be at least 0 and at most 100000 (each trial is a measurement",
     ),
     "trials not a number": (
         GOOD.replace("trials_per_task: 4", "trials_per_task: many"),

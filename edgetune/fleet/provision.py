@@ -20,6 +20,7 @@ import paramiko
 from edgetune.errors import BuildError
 from edgetune.fleet import ssh, tracker, tunnel
 from edgetune.fleet.endpoints import fleet_dir, tracker_address
+from edgetune.ownership import mark_owned
 from edgetune.profiles import resolve_profile
 from edgetune.recipe import FleetTarget, Recipe, SshSpec
 from edgetune.toolchains import device_arch
@@ -183,6 +184,9 @@ def provision(recipe: Recipe, target: FleetTarget, report: Report) -> None:
         if reached_from is not None:
             argv += ["--tracker", address, "--host", reached_from]
             route = f"reaching the tracker directly from {reached_from}"
+            exposed = tracker.exposure_warning(f"RPC server on {spec.host}", reached_from)
+            if exposed:
+                report(target.name, exposed)
         else:
             link = tunnel.start(target.name, spec, recipe.base_dir, address, directory)
             argv += ["--tracker", f"127.0.0.1:{link.remote_port}", "--host", "127.0.0.1",
@@ -221,6 +225,7 @@ def unprovision(recipe: Recipe, target: FleetTarget, report: Report) -> None:
 def up(recipe: Recipe, report: Report) -> list[str]:
     """Start the recipe's tracker and every ssh target's server; the problems, one per failed part."""
     problems = []
+    mark_owned(recipe.output_dir / recipe.name)  # its pid files go there: the build that follows may write there too
     if not (recipe.tracker and recipe.tracker.start) and all(t.connection is None for t in recipe.fleet):
         report("fleet", "nothing to start: the recipe runs no tracker and has no remote targets")
     if recipe.tracker is not None and recipe.tracker.start:
@@ -229,6 +234,9 @@ def up(recipe: Recipe, report: Report) -> list[str]:
             log = tracker.log_file(fleet_dir(recipe))
             report("tracker", f"{'started' if started else 'already running'} on {recipe.tracker.host}:"
                               f"{recipe.tracker.port} (pid {pid}, log {log})")
+            exposed = tracker.exposure_warning("RPC tracker", recipe.tracker.host)
+            if exposed:
+                report("tracker", exposed)
         except BuildError as exc:
             return [str(exc)]
     for target in recipe.fleet:

@@ -108,6 +108,22 @@ def running(fleet_dir: Path) -> int | None:
     return processes.running_pid(pid_file(fleet_dir), _MARKER)
 
 
+def exposure_warning(what: str, host: str) -> str | None:
+    """A warning when `host` is not a loopback address: TVM's RPC has no authentication, so whoever
+    reaches a tracker or server bound there can run code on the device and fetch the model."""
+    import ipaddress
+
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        loopback = False
+    if loopback:
+        return None
+    return (f"warning: the {what} listens on {host}, not loopback; TVM's RPC has no authentication: anyone who "
+            "can reach it can run code on the devices and fetch the model. Keep it on 127.0.0.1 with SSH tunnels "
+            "(the default) unless this network is trusted")
+
+
 def start(spec: TrackerSpec, fleet_dir: Path, timeout_s: float = 30.0) -> tuple[int, bool]:
     """Start the recipe's tracker, detached, bound to exactly `spec.host:spec.port`.
 

@@ -18,6 +18,8 @@ from importlib import metadata
 from pathlib import Path
 
 from edgetune.errors import BuildError
+from edgetune.ownership import mark_owned
+from edgetune.package.artifact import refuse_foreign, replace_owned_directory
 from edgetune.profiles import machine_isa
 
 LIBRARIES = ("libtvm_runtime.so", "libtvm_ffi.so")
@@ -48,7 +50,8 @@ def runtime_files(arch: str) -> RuntimeFiles:
     directory = cache_dir() / "runtime" / f"{versions['apache-tvm']}-{versions['apache-tvm-ffi']}-{arch}"
     if not all((directory / lib).is_file() for lib in LIBRARIES):
         if arch == machine_isa():
-            directory.mkdir(parents=True, exist_ok=True)
+            refuse_foreign(directory)
+            mark_owned(directory)
             for name, member in _WHEEL_LIBRARY_PATHS.items():
                 shutil.copyfile(_installed_file(name, member), directory / Path(member).name)
         elif arch in _PLATFORMS:
@@ -78,8 +81,10 @@ def _fetch(arch: str, versions: dict[str, str], directory: Path) -> None:
                 f"could not download TVM's {arch} runtime wheels ({', '.join(f'{n}=={v}' for n, v in versions.items())}) "
                 f"with pip: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'no output'}"
             )
-        staging = Path(scratch) / "libs"
-        staging.mkdir()
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        refuse_foreign(directory)  # a cache directory someone else made is left alone
+        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.new-", dir=directory.parent))
+        mark_owned(staging)
         for wheel in Path(scratch).glob("*.whl"):
             with zipfile.ZipFile(wheel) as archive:
                 for member in _WHEEL_LIBRARY_PATHS.values():
@@ -87,8 +92,6 @@ def _fetch(arch: str, versions: dict[str, str], directory: Path) -> None:
                         (staging / Path(member).name).write_bytes(archive.read(member))
         missing = [lib for lib in LIBRARIES if not (staging / lib).is_file()]
         if missing:
+            shutil.rmtree(staging)
             raise BuildError(f"TVM's {arch} wheels lack {', '.join(missing)}")
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        if directory.exists():
-            shutil.rmtree(directory)
-        shutil.move(str(staging), directory)
+        replace_owned_directory(staging, directory)

@@ -1,15 +1,25 @@
-"""Check an artifact before it ships: every checksum, then its output against ONNX Runtime's."""
+"""Check an artifact before it ships: its manifest, every checksum, its signature when a key is
+trusted, then its output against ONNX Runtime's.
+
+An artifact may come from anywhere, so nothing of it is loaded until the manifest, the checksums
+and the signature are checked, and even then its library runs in a child process: verifying runs
+the artifact's code, and that code gets no hold on the verifier's memory.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgetune.errors import InputError
+from edgetune.errors import BuildError, InputError
 from edgetune.fleet.endpoints import RemoteDevice
 from edgetune.package.artifact import (
     LIBRARY_NAME,
@@ -17,8 +27,14 @@ from edgetune.package.artifact import (
     REFERENCE_OUTPUT_NAME,
     SAMPLE_INPUT_NAME,
     artifact_files,
+    save_arrays,
     sha256_file,
 )
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+CHILD_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -28,13 +44,79 @@ class OutputCheck:
 
 
 def read_manifest(directory: Path) -> dict:
+    """The manifest as a JSON object; InputError when it is missing, not JSON or not an object."""
     path = directory / MANIFEST_NAME
     try:
-        return json.loads(path.read_text())
+        manifest = json.loads(path.read_text())
     except FileNotFoundError as exc:
         raise InputError(f"{directory}: no {MANIFEST_NAME}; not an edgetune artifact") from exc
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot be read as text: {exc}") from exc
+    if not isinstance(manifest, dict):
+        raise InputError(f"{path}: expected a JSON object, found a {type(manifest).__name__}")
+    return manifest
+
+
+_NUMBER = (int, float)
+_SCHEMA: dict[str, Any] = {
+    "files": dict,
+    "target": {"device": str, "arch": str},
+    "model": {"inputs": list, "outputs": list},
+    "verification": {"rtol": _NUMBER, "atol": _NUMBER},
+}
+
+
+def manifest_problems(manifest: dict, path: Path) -> list[str]:
+    """One located message per field `verify` needs that is missing or of the wrong type."""
+    problems = _schema_problems(manifest, _SCHEMA, "", path)
+    model = manifest.get("model")
+    if isinstance(model, dict) and isinstance(model.get("inputs"), list) and isinstance(model.get("outputs"), list):
+        for index, entry in enumerate(model["inputs"]):
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                problems.append(f"{path}: model.inputs[{index}]: expected an object with a string 'name'")
+        for index, name in enumerate(model["outputs"]):
+            if not isinstance(name, str):
+                problems.append(f"{path}: model.outputs[{index}]: expected a string")
+    files = manifest.get("files")
+    for name, digest in files.items() if isinstance(files, dict) else ():
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            problems.append(f"{path}: files[{name!r}]: expected a sha256 (64 hex digits)")
+    return problems
+
+
+def _schema_problems(value: dict, schema: dict[str, Any], prefix: str, path: Path) -> list[str]:
+    problems = []
+    for key, expected in schema.items():
+        field = f"{prefix}{key}"
+        if key not in value:
+            problems.append(f"{path}: {field}: missing (an edgetune manifest has it)")
+        elif isinstance(expected, dict):
+            if isinstance(value[key], dict):
+                problems.extend(_schema_problems(value[key], expected, f"{field}.", path))
+            else:
+                problems.append(f"{path}: {field}: expected an object, found {type(value[key]).__name__}")
+        elif not isinstance(value[key], expected) or isinstance(value[key], bool):
+            wanted = "a number" if expected is _NUMBER else f"a {expected.__name__}"
+            problems.append(f"{path}: {field}: expected {wanted}, found {type(value[key]).__name__}")
+    return problems
+
+
+def listing_problems(directory: Path, manifest: dict) -> list[str]:
+    """Manifest entries that point outside the artifact: absolute, `..`, or through a symbolic link."""
+    problems = []
+    inside = directory.resolve()
+    for name in manifest.get("files", {}):
+        parts = PurePosixPath(name).parts
+        if not parts or name.startswith(("/", "\\")) or ".." in parts or "\\" in name or ":" in parts[0]:
+            problems.append(f"{directory / MANIFEST_NAME}: files[{name!r}]: points outside the artifact; "
+                            "expected a relative path inside it")
+            continue
+        steps = [directory.joinpath(*parts[:i]) for i in range(1, len(parts) + 1)]
+        if any(step.is_symlink() for step in steps) or not (directory / name).resolve().is_relative_to(inside):
+            problems.append(f"{directory / name}: a symbolic link; an artifact holds only regular files")
+    return problems
 
 
 def checksum_problems(directory: Path, manifest: dict) -> list[str]:
@@ -53,12 +135,13 @@ def checksum_problems(directory: Path, manifest: dict) -> list[str]:
     return problems
 
 
-def compare_outputs(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray], rtol: float, atol: float) -> OutputCheck:
+def compare_outputs(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray], rtol: float,
+                    atol: float) -> OutputCheck:
     worst = 0.0
     matches = True
     for name, expected in reference.items():
-        actual = outputs[name]
-        if actual.shape != expected.shape:
+        actual = outputs.get(name)
+        if actual is None or actual.shape != expected.shape:
             return OutputCheck(False, float("inf"))
         worst = max(worst, float(np.max(np.abs(actual.astype(np.float64) - expected))))
         matches = matches and bool(np.allclose(actual, expected, rtol=rtol, atol=atol))
@@ -66,24 +149,66 @@ def compare_outputs(outputs: dict[str, np.ndarray], reference: dict[str, np.ndar
 
 
 def _sample(directory: Path, manifest: dict) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
-    with np.load(directory / SAMPLE_INPUT_NAME) as data:
-        inputs = [data[i["name"]] for i in manifest["model"]["inputs"]]
-    with np.load(directory / REFERENCE_OUTPUT_NAME) as data:
-        reference = {name: data[name] for name in manifest["model"]["outputs"]}
+    try:
+        with np.load(directory / SAMPLE_INPUT_NAME, allow_pickle=False) as data:
+            inputs = [data[i["name"]] for i in manifest["model"]["inputs"]]
+        with np.load(directory / REFERENCE_OUTPUT_NAME, allow_pickle=False) as data:
+            reference = {name: data[name] for name in manifest["model"]["outputs"]}
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputError(f"{directory}: the sample input or reference output does not match {MANIFEST_NAME}'s "
+                         f"model inputs and outputs ({exc})") from exc
     return inputs, reference
 
 
-def check_native_outputs(directory: Path, manifest: dict) -> OutputCheck:
-    """Load the artifact's library in this process with TVM's runtime and compare on the sample input."""
+def _native_outputs(directory: Path, manifest: dict) -> dict[str, np.ndarray]:
     import tvm
 
     from edgetune.compile import load_library, run
 
     device = tvm.device(manifest["target"]["device"], 0)
-    inputs, reference = _sample(directory, manifest)
-    outputs = dict(zip(manifest["model"]["outputs"], run(load_library(directory / LIBRARY_NAME, device), inputs, device)))
+    inputs, _ = _sample(directory, manifest)
+    return dict(zip(manifest["model"]["outputs"], run(load_library(directory / LIBRARY_NAME, device), inputs, device)))
+
+
+def check_native_outputs(directory: Path, manifest: dict) -> OutputCheck:
+    """Load the artifact's library in this process with TVM's runtime and compare on the sample input:
+    for an artifact this process just built; `verify` runs one from elsewhere in a child process."""
+    _, reference = _sample(directory, manifest)
+    tolerance = manifest["verification"]
+    return compare_outputs(_native_outputs(directory, manifest), reference, tolerance["rtol"], tolerance["atol"])
+
+
+def check_native_outputs_isolated(directory: Path, manifest: dict) -> OutputCheck:
+    """Run the library in a child Python process that hands back only an .npz of plain arrays."""
+    _, reference = _sample(directory, manifest)
+    with tempfile.TemporaryDirectory(prefix="edgetune-verify-") as scratch:
+        outputs_path = Path(scratch) / "outputs.npz"
+        command = [sys.executable, "-c", "import sys; from edgetune.package.verify import run_child; "
+                   "run_child(sys.argv[1], sys.argv[2])", str(directory), str(outputs_path)]
+        try:
+            child = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise _child_failed(directory, f"still running after {CHILD_TIMEOUT_S:.0f} s; stopped")
+        if child.returncode != 0 or not outputs_path.is_file():
+            tail = (child.stderr or child.stdout).strip().splitlines()[-3:]
+            raise _child_failed(directory, f"exit status {child.returncode}: {' '.join(tail)}")
+        try:
+            with np.load(outputs_path, allow_pickle=False) as data:
+                outputs = {name: data[name] for name in data.files}
+        except (OSError, ValueError) as exc:
+            raise _child_failed(directory, f"its outputs cannot be read ({exc})")
     tolerance = manifest["verification"]
     return compare_outputs(outputs, reference, tolerance["rtol"], tolerance["atol"])
+
+
+def _child_failed(directory: Path, why: str) -> BuildError:
+    return BuildError(f"{directory / LIBRARY_NAME}: running the model failed: {why}")
+
+
+def run_child(directory: str, outputs_path: str) -> None:
+    """The child's side: load and run the (already checksummed) artifact, save its outputs."""
+    artifact = Path(directory)
+    save_arrays(Path(outputs_path), _native_outputs(artifact, read_manifest(artifact)))
 
 
 def check_program_outputs(directory: Path, manifest: dict, program: Path, lib_dir: Path) -> OutputCheck:
@@ -107,28 +232,56 @@ class VerifyReport:
         return not self.problems and self.output is not None and self.output.matches
 
 
-def verify_artifact(path: Path, remote: RemoteDevice | None = None) -> VerifyReport:
-    """Checksums first (a tampered file is named), then the output: on `remote` (a device behind an
-    RPC tracker) when given, else here if this machine can run it."""
+def verify_artifact(path: Path, remote: RemoteDevice | None = None,
+                    trusted_key: Ed25519PublicKey | None = None) -> VerifyReport:
+    """Manifest, checksums and (with `trusted_key`) signature first, a tampered file named; then the
+    output: on `remote` (a device behind an RPC tracker) when given, else here in a child process."""
     if path.is_file() and path.name.endswith(".tar.gz"):
-        import tarfile
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as scratch, tarfile.open(path) as archive:
-            archive.extractall(scratch, filter="data")
-            roots = [p for p in Path(scratch).iterdir() if p.is_dir()]
-            if len(roots) != 1:
-                raise InputError(f"{path}: expected one artifact directory inside, found {len(roots)}")
-            report = verify_artifact(roots[0], remote)
-            # Name the archive's members, not the scratch directory they were unpacked into.
-            report.problems = [p.replace(str(roots[0]), f"{path}:{roots[0].name}") for p in report.problems]
-            return report
+        return _verify_archive(path, remote, trusted_key)
     if not path.is_dir():
         raise InputError(f"{path}: no such artifact directory or .tar.gz")
     manifest = read_manifest(path)
+    invalid = manifest_problems(manifest, path / MANIFEST_NAME) + listing_problems(path, manifest)
+    if invalid:
+        raise InputError(invalid)
+    if trusted_key is not None:
+        from edgetune.package.signing import signature_problem
+
+        unsigned = signature_problem(path, trusted_key)
+        if unsigned is not None:
+            return VerifyReport([unsigned], None)
     problems = checksum_problems(path, manifest)
     if problems:
         return VerifyReport(problems, None)
+    return _run_checked(path, manifest, remote)
+
+
+def _verify_archive(path: Path, remote: RemoteDevice | None, trusted_key: Ed25519PublicKey | None) -> VerifyReport:
+    """Unpack with every member checked (no links, no `..`, bounded size) into a scratch directory."""
+    from edgetune.archive import safe_extract
+
+    with tempfile.TemporaryDirectory(prefix="edgetune-verify-") as scratch:
+        safe_extract(path, Path(scratch))
+        entries = list(Path(scratch).iterdir())
+        if len(entries) != 1 or not entries[0].is_dir():
+            raise InputError(f"{path}: expected one artifact directory inside, found {len(entries)} entries")
+        root = entries[0]
+
+        def rename(message: str) -> str:  # the archive's members, not the scratch directory they are in
+            return message.replace(str(root), f"{path}:{root.name}")
+
+        try:
+            report = verify_artifact(root, remote, trusted_key)
+        except InputError as exc:
+            raise InputError([rename(p) for p in exc.problems]) from exc
+        except BuildError as exc:
+            raise BuildError(rename(str(exc))) from exc
+        report.problems = [rename(p) for p in report.problems]
+        return report
+
+
+def _run_checked(path: Path, manifest: dict, remote: RemoteDevice | None) -> VerifyReport:
+    """The output check of an artifact whose files all match its manifest."""
     if remote is not None:
         from edgetune.fleet.session import check_remote_outputs
 
@@ -140,12 +293,12 @@ def verify_artifact(path: Path, remote: RemoteDevice | None = None) -> VerifyRep
     target = manifest["target"]
     arch, device = target["arch"], target["device"]
     if device == "cpu" and arch == machine_isa():
-        return VerifyReport([], check_native_outputs(path, manifest))
+        return VerifyReport([], check_native_outputs_isolated(path, manifest))
     program = path / "bin" / "deploy"
     if device != "cpu" or not program.is_file():
-        return VerifyReport([f"{path}: checksums are fine, but this {machine_isa()} machine cannot run a {arch}/{device} "
-                             "artifact" + ("" if device != "cpu" else " without its bundled runtime (package: "
-                                           "{bundle_runtime: true})")], None)
+        return VerifyReport([f"{path}: checksums are fine, but this {machine_isa()} machine cannot run a "
+                             f"{arch}/{device} artifact" + ("" if device != "cpu" else " without its bundled runtime "
+                                                            "(package: {bundle_runtime: true})")], None)
     if runner_for(arch) is None:
         return VerifyReport([f"{path}: checksums are fine; to run it: {missing_runner_hint(arch)}"], None)
     return VerifyReport([], check_program_outputs(path, manifest, program, path / "runtime" / "lib"))

@@ -3,37 +3,226 @@
 TVM's database ignores the target when queried, so two devices sharing one store would be handed
 each other's schedules; edgetune keeps a directory per target. The JSON files are append-only, so
 every committed measurement survives an interrupted build and is the cache of the next one.
+
+A kill or a full disk can leave a damaged line (a truncated last line, most often), and TVM's
+reader then fails on the whole store, naming no file. So every store is scanned in Python first:
+damaged lines are reported (file, line) and skipped, TVM reads a cleaned copy, and what a build adds
+is still appended to the original files, which are never rewritten in place (`edgetune records
+repair` swaps in a cleaned store and keeps the original as a backup).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import os
 import re
 import shutil
-import tarfile
 import tempfile
+import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tvm_ffi
-from tvm.s_tir.meta_schedule.database import Database, JSONDatabase, TuningRecord
+from tvm.s_tir.meta_schedule.database import Database, JSONDatabase, TuningRecord, Workload
 
-from edgetune.errors import InputError
+from edgetune.errors import EdgetuneError, InputError
+from edgetune.ownership import create_owned
 from edgetune.tuning.cost_model import FAILED, mean_seconds
 from edgetune.tuning.tasks import MODULE_EQUALITY, TuningTask
 
+WORKLOAD_FILE = "database_workload.json"
+RECORD_FILE = "database_tuning_record.json"
+_RECORD_INDEX = re.compile(r"^\[\s*(\d+)\s*,")
+
+
+@dataclass(frozen=True)
+class DamagedLine:
+    path: Path
+    line: int  # 1-based
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.reason}"
+
+
+@dataclass
+class StoreScan:
+    """A store's lines as TVM may read them: damaged ones left out, records renumbered to match."""
+
+    workloads: list[str] = field(default_factory=list)
+    records: list[str] = field(default_factory=list)  # workload index = position in `workloads`
+    original_index: list[int] = field(default_factory=list)  # kept workload -> its line in the original file
+    workload_lines: int = 0  # lines of the original workload file: the index its next line gets
+    damaged: list[DamagedLine] = field(default_factory=list)
+
+
+def scan_store(directory: Path, deep: bool = False) -> StoreScan:
+    """Check every line of both JSON files: it parses and has the shape TVM writes; a record's
+    workload index names an intact workload line. `deep`: also have TVM parse each line (slower;
+    for archives from elsewhere and `records check`)."""
+    scan = StoreScan()
+    parsed_workloads: dict[int, Workload | None] = {}
+    lines = _lines(directory / WORKLOAD_FILE)
+    scan.workload_lines = len(lines)
+    for number, raw in enumerate(lines):
+        value, reason = _parse_workload(raw, deep)
+        if reason:
+            scan.damaged.append(DamagedLine(directory / WORKLOAD_FILE, number + 1, reason))
+            continue
+        parsed_workloads[number] = value
+        scan.original_index.append(number)
+        scan.workloads.append(raw.decode())
+    cleaned = {original: position for position, original in enumerate(scan.original_index)}
+    for number, raw in enumerate(_lines(directory / RECORD_FILE)):
+        record, reason = _parse_record(raw)
+        if not reason and record[0] not in cleaned:
+            reason = f"refers to workload line {record[0] + 1} of {WORKLOAD_FILE}, which is missing or damaged"
+        if not reason and deep:
+            reason = _tvm_rejects(lambda: TuningRecord.from_json(record[1], parsed_workloads[record[0]]))
+        if reason:
+            scan.damaged.append(DamagedLine(directory / RECORD_FILE, number + 1, reason))
+            continue
+        scan.records.append(_RECORD_INDEX.sub(f"[{cleaned[record[0]]},", raw.decode(), count=1))
+    return scan
+
+
+def _lines(path: Path) -> list[bytes]:
+    """The file's lines without their newlines; a last line without one counts (it is the damaged one)."""
+    if not path.is_file():
+        return []
+    lines = path.read_bytes().split(b"\n")
+    return lines[:-1] if lines and lines[-1] == b"" else lines
+
+
+def _parse_workload(raw: bytes, deep: bool) -> tuple[Any, str | None]:
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, f"not JSON ({'an empty line' if not raw.strip() else exc}); a write was cut short?"
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)
+            and value[0].isdigit()):
+        return None, "expected a workload [\"<structural hash>\", \"<base64 module>\"]"
+    try:
+        base64.b64decode(value[1], validate=True)
+    except binascii.Error:
+        return None, "the workload's module is not valid base64"
+    if deep:
+        workload = None
+        reason = _tvm_rejects(lambda: Workload.from_json(value))
+        if reason is None:
+            workload = Workload.from_json(value)
+        return workload, reason
+    return None, None
+
+
+def _parse_record(raw: bytes) -> tuple[Any, str | None]:
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, f"not JSON ({'an empty line' if not raw.strip() else exc}); a write was cut short?"
+    shape_ok = (isinstance(value, list) and len(value) == 2 and type(value[0]) is int and value[0] >= 0
+                and isinstance(value[1], list) and len(value[1]) == 4 and isinstance(value[1][0], list)
+                and isinstance(value[1][1], (list, type(None))) and isinstance(value[1][2], (dict, type(None)))
+                and isinstance(value[1][3], (list, type(None))) and _RECORD_INDEX.match(raw.decode()))
+    if not shape_ok:
+        return None, "expected a tuning record [<workload index>, [trace, run_secs, target, args_info]]"
+    return value, None
+
+
+def _tvm_rejects(parse) -> str | None:
+    try:
+        parse()
+    except Exception as exc:  # TVM's parsers raise several error types, all meaning "malformed"
+        return f"TVM cannot parse it: {str(exc).strip().splitlines()[0][:200]}"
+    return None
+
+
+def _end_with_newline(path: Path) -> None:
+    """TVM appends a record right after the last byte: after a cut-short line it would glue onto it."""
+    if path.is_file() and path.stat().st_size:
+        with path.open("rb+") as stream:
+            stream.seek(-1, os.SEEK_END)
+            if stream.read(1) != b"\n":
+                stream.write(b"\n")
+
+
+def fsync_files(paths: list[Path]) -> None:
+    """Flush to the disk what was appended: a batch's records survive a power cut once this returns."""
+    for path in paths:
+        if path.is_file():
+            descriptor = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+
+
+class _CleanedCopy:
+    """TVM's database over a cleaned copy of a damaged store; `forward()` appends what it added since
+    to the original files, workload indices mapped back to the original's line numbers."""
+
+    def __init__(self, scan: StoreScan, originals: list[Path]):
+        self._scratch = tempfile.TemporaryDirectory(prefix="edgetune-store-")
+        self.originals = originals
+        self.paths = [Path(self._scratch.name) / p.name for p in originals]
+        for path, lines in zip(self.paths, (scan.workloads, scan.records)):
+            path.write_text("".join(line + "\n" for line in lines))
+        self.offsets = [p.stat().st_size for p in self.paths]
+        self.to_original = list(scan.original_index)
+        self.next_original = scan.workload_lines
+
+    def forward(self) -> None:
+        new_workloads, new_records = (self._new_lines(i) for i in range(2))
+        for _ in new_workloads:
+            self.to_original.append(self.next_original)
+            self.next_original += 1
+        mapped = [_RECORD_INDEX.sub(lambda m: f"[{self.to_original[int(m.group(1))]},", line, count=1)
+                  for line in new_records]
+        for original, lines in zip(self.originals, (new_workloads, mapped)):
+            if lines:
+                with original.open("a") as stream:
+                    stream.writelines(line + "\n" for line in lines)
+
+    def _new_lines(self, which: int) -> list[str]:
+        with self.paths[which].open("rb") as stream:
+            stream.seek(self.offsets[which])
+            data = stream.read()
+        complete = data[:data.rfind(b"\n") + 1]
+        self.offsets[which] += len(complete)
+        return complete.decode().splitlines()
+
 
 class RecordStore:
+    """A device's store; damaged lines are skipped (see `damage_warnings`), writes only ever append."""
+
     def __init__(self, directory: Path):
-        directory.mkdir(parents=True, exist_ok=True)
+        create_owned(directory)  # a first store may create <output>/<recipe>/: the build then owns it
         self.directory = directory
-        self.database = JSONDatabase(
-            path_workload=str(directory / "database_workload.json"),
-            path_tuning_record=str(directory / "database_tuning_record.json"),
-            module_equality=MODULE_EQUALITY,
-        )
+        for path in self.files():
+            _end_with_newline(path)
+        scan = scan_store(directory)
+        self.damaged = scan.damaged
+        self._copy = _CleanedCopy(scan, self.files()) if scan.damaged else None
+        workload, record = self._copy.paths if self._copy else self.files()
+        self.database = JSONDatabase(path_workload=str(workload), path_tuning_record=str(record),
+                                     module_equality=MODULE_EQUALITY)
+
+    def damage_warnings(self) -> list[str]:
+        """One line per damaged line skipped, and how to drop them for good."""
+        if not self.damaged:
+            return []
+        return [f"{d}; skipped (the other records are used)" for d in self.damaged] + [
+            f"{self.directory}: `edgetune records repair RECIPE` rewrites this store without them (keeping a backup)"]
+
+    def sync(self) -> None:
+        """End of a batch: what the database committed reaches the store's own files, on the disk."""
+        if self._copy is not None:
+            self._copy.forward()
+        fsync_files([*self.files(), self.log_path])
 
     def measured_counts(self) -> Counter[int]:
         """Records per workload (structural hash), failed measurements included: they were paid for."""
@@ -59,25 +248,76 @@ class RecordStore:
         return self.directory / "tuning_log.jsonl"
 
     def log_batch(self, entry: dict[str, Any]) -> None:
+        """Called at the end of every measured batch: log it, and make the batch's records durable."""
+        _end_with_newline(self.log_path)
         with self.log_path.open("a") as stream:
             stream.write(json.dumps(entry, sort_keys=True) + "\n")
+        self.sync()
 
     def read_log(self) -> list[dict[str, Any]]:
+        """The log's entries; a line cut short by a kill is skipped like a damaged record."""
         if not self.log_path.exists():
             return []
-        return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+        entries = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line) if line.strip() else None
+            except ValueError:
+                continue
+            if isinstance(entry, dict):
+                entries.append(entry)
+        return entries
 
     def files(self) -> list[Path]:
-        return [self.directory / "database_workload.json", self.directory / "database_tuning_record.json"]
+        return [self.directory / WORKLOAD_FILE, self.directory / RECORD_FILE]
+
+
+@dataclass
+class Repaired:
+    directory: Path
+    damaged: list[DamagedLine]
+    backups: list[Path]
+
+
+def repair_store(directory: Path) -> Repaired:
+    """Swap in a store without its damaged lines; each rewritten file's original is kept as
+    `<file>.bak-<n>` (a hard link made before the atomic rename, so no moment lacks either)."""
+    scan = scan_store(directory, deep=True)
+    backups = []
+    if not scan.damaged:
+        return Repaired(directory, [], [])
+    damaged_files = {d.path.name for d in scan.damaged}
+    # a damaged workload line renumbers the records after it, so both files are rewritten then
+    rewrite = [WORKLOAD_FILE, RECORD_FILE] if WORKLOAD_FILE in damaged_files else [RECORD_FILE]
+    for name in rewrite:
+        lines = scan.workloads if name == WORKLOAD_FILE else scan.records
+        original = directory / name
+        partial = directory / f"{name}.repairing"
+        partial.write_text("".join(line + "\n" for line in lines))
+        fsync_files([partial])
+        backup = _free_backup_name(original)
+        os.link(original, backup)
+        partial.replace(original)
+        backups.append(backup)
+    return Repaired(directory, scan.damaged, backups)
+
+
+def _free_backup_name(path: Path) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    candidate, n = path.with_name(f"{path.name}.bak-{stamp}"), 1
+    while candidate.exists():
+        candidate, n = path.with_name(f"{path.name}.bak-{stamp}-{n}"), n + 1
+    return candidate
 
 
 EXPORT_FORMAT = "edgetune-records/1"
 _INDEX = "index.json"
-_CARRIED = ("database_workload.json", "database_tuning_record.json", "cost_model.npz", "tuning_log.jsonl")
+_CARRIED = (WORKLOAD_FILE, RECORD_FILE, "cost_model.npz", "tuning_log.jsonl")
 
 
 def export_stores(stores: dict[str, Path], archive: Path) -> dict[str, int]:
-    """Write the stores (directory name -> directory) into one reproducible .tar.gz; records per store."""
+    """Write the stores (directory name -> directory) into one reproducible .tar.gz; records per store.
+    Damaged lines are left out, so what is exported imports cleanly."""
     from edgetune.archive import archive_directory
 
     counts = {}
@@ -85,9 +325,13 @@ def export_stores(stores: dict[str, Path], archive: Path) -> dict[str, int]:
         stage = Path(scratch) / "edgetune-records"
         for name, directory in sorted(stores.items()):
             (stage / name).mkdir(parents=True)
-            for file in _CARRIED:
+            for file in _CARRIED[2:]:
                 if (directory / file).is_file():
                     shutil.copyfile(directory / file, stage / name / file)
+            scan = scan_store(directory)
+            for file, lines in ((WORKLOAD_FILE, scan.workloads), (RECORD_FILE, scan.records)):
+                if (directory / file).is_file():
+                    (stage / name / file).write_text("".join(line + "\n" for line in lines))
             counts[name] = len(RecordStore(stage / name).database)
         (stage / _INDEX).write_text(json.dumps({"format": EXPORT_FORMAT, "stores": counts}, indent=2, sort_keys=True))
         archive.parent.mkdir(parents=True, exist_ok=True)
@@ -105,43 +349,129 @@ class ImportedStore:
 def import_stores(archive: Path, records_dir: Path) -> list[ImportedStore]:
     """Merge every store of an exported archive into the store of the same name under `records_dir`.
 
-    Nothing local is removed or replaced: records are added unless the store holds the same one
-    (same workload, trace, run times, target), tuning-log lines likewise, and the learned model's
-    training data is merged and the model refit.
+    Every line and file of the archive is checked before anything is merged, and a failure while
+    merging takes back what was added: all of the archive or none of it. Nothing local is removed or
+    replaced: records are added unless the store holds the same one (same workload, trace, run
+    times, target), tuning-log lines likewise, and the learned model's training data is merged.
     """
+    with tempfile.TemporaryDirectory() as scratch:
+        root, names = _unpack(archive, Path(scratch))
+        problems = [p for name in names for p in _store_problems(archive, root, name)]
+        if problems:
+            raise InputError(problems + [f"{archive}: nothing was imported"])
+        undo = _Undo()
+        try:
+            return [_merge_store(root / name, records_dir / name, undo) for name in names]
+        except BaseException as exc:  # an interrupt too: none of the archive stays
+            undo.run()
+            if isinstance(exc, Exception) and not isinstance(exc, EdgetuneError):
+                raise InputError(f"{archive}: merging failed ({type(exc).__name__}: {exc}); nothing was imported") \
+                    from exc
+            raise
+
+
+def _store_problems(archive: Path, root: Path, name: str) -> list[str]:
+    """Every reason one store of the archive cannot be merged, each naming the archive's member."""
+    source_dir = root / name
+    where = f"{archive}:edgetune-records/{name}"
+    if not _STORE_NAME.fullmatch(name) or not (source_dir / RECORD_FILE).is_file():
+        return [f"{archive}: store '{name}' listed in {_INDEX} has no records in the archive"]
+    problems = [f"{archive}:edgetune-records/{name}/{d.path.name}:{d.line}: {d.reason}"
+                for d in scan_store(source_dir, deep=True).damaged]
+    log = source_dir / "tuning_log.jsonl"
+    if log.is_file():
+        for number, line in enumerate(log.read_bytes().split(b"\n"), start=1):
+            try:
+                if line.strip() and not isinstance(json.loads(line), dict):
+                    raise ValueError("not an object")
+            except (ValueError, UnicodeDecodeError) as exc:
+                problems.append(f"{where}/tuning_log.jsonl:{number}: expected a JSON object per line ({exc})")
+    if (source_dir / "cost_model.npz").is_file():
+        problems.extend(_cost_model_problems(source_dir / "cost_model.npz", f"{where}/cost_model.npz"))
+    return problems
+
+
+def _cost_model_problems(path: Path, where: str) -> list[str]:
+    """The .npz holds plain arrays only (never pickles) with the keys RankingCostModel saves."""
+    import numpy as np
+
     from edgetune.tuning.cost_model import RankingCostModel
 
-    with tempfile.TemporaryDirectory() as scratch:
-        root = _unpack(archive, Path(scratch))
-        index = json.loads((root / _INDEX).read_text())
-        imported = []
-        for name in sorted(index["stores"]):
-            source_dir = root / name
-            if not _STORE_NAME.fullmatch(name) or not (source_dir / "database_tuning_record.json").is_file():
-                raise InputError(f"{archive}: store '{name}' listed in {_INDEX} has no records in the archive")
-            try:
-                source = RecordStore(source_dir)
-            except Exception as exc:  # TVM's JSON reader: the file is damaged
-                raise InputError(f"{archive}: store '{name}' cannot be read: {exc}") from exc
-            target = RecordStore(records_dir / name)
-            known = {_record_key(r) for r in target.database.get_all_tuning_records()}
-            added = 0
-            for record in source.database.get_all_tuning_records():
-                if _record_key(record) in known:
-                    continue
-                commit_record(target.database, record)
-                known.add(_record_key(record))
-                added += 1
-            if source.log_path.is_file():
-                known_lines = set(target.log_path.read_text().splitlines()) if target.log_path.is_file() else set()
-                new = [line for line in source.log_path.read_text().splitlines() if line not in known_lines]
-                with target.log_path.open("a") as stream:
-                    stream.writelines(line + "\n" for line in new)
-            if (source_dir / "cost_model.npz").is_file():
-                model = RankingCostModel(path=target.directory / "cost_model.npz")
-                model.merge(RankingCostModel(path=source_dir / "cost_model.npz"))
-            imported.append(ImportedStore(name, added, len(source.database) - added))
-    return imported
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(bytes(data["meta"]).decode())
+            keys = meta["keys"]
+            if not (isinstance(keys, list) and isinstance(meta.get("rounds"), int)):
+                raise ValueError("meta: expected {'keys': [...], 'rounds': <int>}")
+            for i in range(len(keys)):
+                rows, costs = data[f"x{i}"], data[f"y{i}"]
+                if rows.ndim != 2 or costs.ndim != 1 or len(rows) != len(costs) or rows.dtype.kind != "f":
+                    raise ValueError(f"x{i}/y{i}: expected float features [N, F] and N costs")
+        RankingCostModel(path=path)
+    except Exception as exc:  # zip, numpy, JSON and XGBoost errors all mean the same: not a saved model
+        return [f"{where}: not a cost model saved by edgetune ({type(exc).__name__}: {exc})"]
+    return []
+
+
+class _Undo:
+    """What a merge changed, to take it back: appended files cut back to their length, and the
+    replaced cost model (and created directories) restored."""
+
+    def __init__(self) -> None:
+        self.lengths: dict[Path, int] = {}
+        self.saved_models: dict[Path, bytes | None] = {}
+        self.created: list[Path] = []
+
+    def before_append(self, path: Path) -> None:
+        self.lengths.setdefault(path, path.stat().st_size if path.exists() else -1)
+
+    def before_replace(self, path: Path) -> None:
+        self.saved_models.setdefault(path, path.read_bytes() if path.exists() else None)
+
+    def run(self) -> None:
+        for path, length in self.lengths.items():
+            if length < 0:
+                path.unlink(missing_ok=True)
+            elif path.exists():
+                os.truncate(path, length)
+        for path, data in self.saved_models.items():
+            if data is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(data)
+        for directory in reversed(self.created):
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _merge_store(source_dir: Path, target_dir: Path, undo: _Undo) -> ImportedStore:
+    from edgetune.tuning.cost_model import RankingCostModel
+
+    if not target_dir.exists():
+        undo.created.append(target_dir)
+    source = RecordStore(source_dir)
+    target = RecordStore(target_dir)
+    for path in [*target.files(), target.log_path]:
+        undo.before_append(path)
+    known = {_record_key(r) for r in target.database.get_all_tuning_records()}
+    added = 0
+    for record in source.database.get_all_tuning_records():
+        if _record_key(record) in known:
+            continue
+        commit_record(target.database, record)
+        known.add(_record_key(record))
+        added += 1
+    if source.log_path.is_file():
+        known_lines = set(target.log_path.read_text().splitlines()) if target.log_path.is_file() else set()
+        new = [line for line in source.log_path.read_text().splitlines() if line.strip() and line not in known_lines]
+        _end_with_newline(target.log_path)
+        with target.log_path.open("a") as stream:
+            stream.writelines(line + "\n" for line in new)
+    if (source_dir / "cost_model.npz").is_file():
+        undo.before_replace(target.directory / "cost_model.npz")
+        model = RankingCostModel(path=target.directory / "cost_model.npz")
+        model.merge(RankingCostModel(path=source_dir / "cost_model.npz"))
+    target.sync()
+    return ImportedStore(source_dir.name, added, len(source.database) - added)
 
 
 _STORE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
@@ -161,19 +491,21 @@ def _record_key(record: TuningRecord) -> tuple[int, str, tuple[float, ...], str]
             tuple(float(s) for s in record.run_secs or []), str(record.target))
 
 
-def _unpack(archive: Path, into: Path) -> Path:
-    """The archive's top directory, extracted with tarfile's safe 'data' filter; InputError when it
-    is not an export of `edgetune records export`."""
+def _unpack(archive: Path, into: Path) -> tuple[Path, list[str]]:
+    """The archive's top directory, every member checked before extraction, and its store names;
+    InputError when it is not an export of `edgetune records export`."""
+    from edgetune.archive import safe_extract
+
     try:
-        with tarfile.open(archive, "r:gz") as tar:
-            tar.extractall(into, filter="data")
-    except (OSError, tarfile.TarError) as exc:
-        raise InputError(f"{archive}: not a records archive from `edgetune records export` ({exc})") from exc
+        safe_extract(archive, into)
+    except InputError as exc:
+        raise InputError([*exc.problems, f"{archive}: expected an archive from `edgetune records export`"]) from exc
     root = into / "edgetune-records"
     try:
         index = json.loads((root / _INDEX).read_text())
     except (OSError, ValueError) as exc:
-        raise InputError(f"{archive}: no readable edgetune-records/{_INDEX} ({exc})") from exc
+        raise InputError(f"{archive}: no readable edgetune-records/{_INDEX} ({exc}); expected an archive from "
+                         "`edgetune records export`") from exc
     if not isinstance(index, dict) or index.get("format") != EXPORT_FORMAT or not isinstance(index.get("stores"), dict):
         raise InputError(f"{archive}: {_INDEX} is not format {EXPORT_FORMAT!r}")
-    return root
+    return root, sorted(index["stores"])
