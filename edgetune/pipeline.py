@@ -639,8 +639,8 @@ def _template_context(recipe, target, profile, toolchain, model, latency, measur
         "tvm_package": f"apache-tvm=={tvm.__version__}",
         "output_names": list(model.output_names),
         "inputs": [
-            {"name": i.name, "shape": [int(d) for d in i.shape], "dl_code": _DL_CODES[i.dtype.rstrip("0123456789")],
-             "bits": int("".join(c for c in i.dtype if c.isdigit()))}
+            {"name": i.name, "shape": [int(d) for d in i.shape], "dl_code": _DL_CODES[np.dtype(i.dtype).kind],
+             "bits": np.dtype(i.dtype).itemsize * 8}
             for i in model.inputs
         ],
         "rtol": recipe.verify.rtol,
@@ -652,7 +652,8 @@ def _template_context(recipe, target, profile, toolchain, model, latency, measur
     }
 
 
-_DL_CODES = {"float": "kDLFloat", "int": "kDLInt", "uint": "kDLUInt"}
+_DL_CODES = {"f": "kDLFloat", "i": "kDLInt", "u": "kDLUInt", "b": "kDLBool"}
+"""DLPack's type code per numpy dtype kind, for the deploy program's input tensors."""
 
 
 def _measured_on(profile: DeviceProfile) -> str:

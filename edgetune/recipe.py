@@ -469,7 +469,15 @@ def _onnx_problems(path: Path, shapes: dict[Any, Any]) -> list[Problem]:
     if not any(opset.domain in ("", "ai.onnx") and opset.version > 0 for opset in proto.opset_import):
         return [Problem(where, f"{shown}: declares no ONNX operator set version (opset_import); export it again "
                                "with an opset (e.g. torch.onnx.export(..., opset_version=17))")]
-    return _input_problems(shown, proto, shapes)
+    return _name_problems(shown, proto) + _input_problems(shown, proto, shapes)
+
+
+def _name_problems(shown: str, proto: Any) -> list[Problem]:
+    """Input and output names travel as data (npz entries, io.json); an npz entry's name ends at a NUL byte."""
+    return [Problem(("model", "onnx"), f"{shown}: {kind} name {excerpt(ascii(value.name))} contains a NUL byte, "
+                                       "which no file format the artifact uses can carry; rename it")
+            for kind, values in (("input", proto.graph.input), ("output", proto.graph.output))
+            for value in values if "\0" in value.name]
 
 
 def _input_problems(shown: str, proto: Any, shapes: dict[Any, Any]) -> list[Problem]:

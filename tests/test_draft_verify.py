@@ -158,3 +158,156 @@ def test_short_tuning_run_improves_on_its_first_batch(tmp_path):
     assert len(batches) == 6 and np.isfinite(batches[0])
     assert min(batches[1:]) < batches[0]
     assert model.size == 24 and (tmp_path / "cost_model.npz").exists()
+
+
+# -- every kind of task, and the guards on degenerate figures ------------------------------------
+
+
+def transpose(rows: int, cols: int) -> tvm.IRModule:
+    a = te.placeholder((rows, cols), name="A")
+    b = te.compute((cols, rows), lambda i, j: a[j, i], name="B")
+    return tvm.IRModule({"main": te.create_prim_func([a, b])})
+
+
+def started_search(mod: tvm.IRModule, hardware=None, trials: int = 8, per_iter: int = 4) -> DraftVerifySearch:
+    """A draft-verify search ready to propose candidates for `mod` (small population: fast)."""
+    strategy = DraftVerifySearch(hardware or load_profile("host").hardware, "cpu", population=256, verify=16)
+    ctx = host_context(mod, strategy)
+    spaces = ctx.space_generator.generate_design_space(mod)
+    strategy.pre_tuning(trials, per_iter, spaces, ms.database.MemoryDatabase(), RankingCostModel(num_threads=2))
+    return strategy
+
+
+def measured_fine(batch) -> list[RunnerResult]:
+    return [RunnerResult([1e-3], None) for _ in batch]
+
+
+def test_a_space_with_no_decision_measures_its_one_design_once():
+    """A transpose's design space has no tunable decision (width 0): it used to divide by zero."""
+    mod = transpose(64, 32)
+    strategy = started_search(mod)
+    assert [space.model.width for space in strategy.spaces] == [0]
+    batch = strategy.generate_measure_candidates()
+    assert len(batch) == 1 and strategy.counts.fallback == "no tunable decision"
+    strategy.notify_runner_results(batch, measured_fine(batch))
+    assert strategy.generate_measure_candidates() is None  # nothing else to measure: the task ends
+
+
+def test_an_analyzer_that_scores_nothing_hands_the_task_to_evolutionary_search():
+    """With a clock of 0 Hz every estimate is infinite: no draft; the stock search measures instead."""
+    hardware = load_profile("host").hardware.model_copy(update={"clock_ghz": 0.0})
+    strategy = started_search(matmul(64), hardware)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        batch = strategy.generate_measure_candidates()
+    assert batch and strategy.counts.fallback == "the analyzer scored none of the candidates: evolutionary search"
+    strategy.notify_runner_results(batch, measured_fine(batch))
+    assert strategy.trials == len(batch)
+    again = strategy.generate_measure_candidates()
+    assert again and not {tvm_ffi.structural_hash(c.sch.mod) for c in again} & {
+        tvm_ffi.structural_hash(c.sch.mod) for c in batch}
+    strategy.post_tuning()
+
+
+def test_degenerate_extents_and_estimates_are_guarded():
+    from edgetune.tuning.analyzer.space import Sym, UnsupportedSpace, perfect_tilings
+    from edgetune.tuning.draft_verify import log_latency, rank
+
+    with pytest.raises(UnsupportedSpace):
+        perfect_tilings(0, 2, 0)
+    with pytest.raises(UnsupportedSpace):
+        Sym(0.0).inverse()
+    logs = log_latency([0.0, np.inf, np.nan, 1e-3])
+    assert np.isfinite(logs).all() and logs[0] < logs[3] < logs[1] == logs[2]
+    assert len(rank(np.zeros(0))) == 0
+
+
+def test_zero_and_failed_run_times_train_no_nan():
+    """A kernel timed at 0 s must not make a label 0/0; a task whose every run failed trains nothing."""
+    from edgetune.tuning.cost_model import ranking_data
+
+    rows, labels, sizes = ranking_data({"t": ([np.ones(3), np.zeros(3)], [0.0, 1e-3])})
+    assert np.isfinite(labels).all() and labels[0] == 1.0 and sizes == [2]
+    assert ranking_data({"t": ([np.ones(3), np.zeros(3)], [float("inf"), float("inf")])}) is None
+    mod = matmul(64)
+    ctx = host_context(mod)
+    candidates = candidates_of(mod, ctx, 8)
+    model = RankingCostModel(num_threads=2)
+    model.update(ctx, candidates, [RunnerResult(None, "failed") for _ in candidates])
+    assert not model.trained and (model.predict(ctx, candidates) == 0).all()
+    model.update(ctx, candidates, [RunnerResult([0.0], None) for _ in candidates])
+    assert np.isfinite(model.predict(ctx, candidates)).all()
+
+
+def every_op_model(path) -> None:
+    """One ONNX model with each kind of task issue 28 names: BatchNorm + ReLU (not after a conv),
+    depthwise and grouped conv, max and global average pooling, elementwise Mul/Add, Concat,
+    Transpose, Reshape, LayerNorm, batched and 2-D MatMul, Softmax, ReduceMean and Gemm."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    initializers = [numpy_helper.from_array(np.array([1, 16, 16], dtype=np.int64), "shape"),
+                    numpy_helper.from_array(np.array([1], dtype=np.int64), "axes")]
+
+    def weight(name: str, *shape: int) -> str:
+        initializers.append(numpy_helper.from_array((rng.random(shape) - 0.5).astype(np.float32), name))
+        return name
+
+    node = helper.make_node
+    nodes = [
+        node("BatchNormalization", ["data", weight("g", 8), weight("b", 8), weight("m", 8), "var"], ["bn"]),
+        node("Relu", ["bn"], ["relu"]),
+        node("Conv", ["relu", weight("wd", 8, 1, 3, 3)], ["dw"], group=8, pads=[1, 1, 1, 1]),
+        node("Conv", ["dw", weight("wg", 8, 2, 3, 3)], ["gc"], group=4, pads=[1, 1, 1, 1]),
+        node("MaxPool", ["gc"], ["mp"], kernel_shape=[2, 2], strides=[2, 2]),
+        node("Mul", ["mp", weight("s", 1, 8, 1, 1)], ["mul"]),
+        node("Add", ["mul", "mp"], ["add"]),
+        node("Concat", ["add", "mp"], ["cat"], axis=1),
+        node("Transpose", ["cat"], ["tr"], perm=[0, 2, 3, 1]),
+        node("Reshape", ["tr", "shape"], ["seq"]),
+        node("LayerNormalization", ["seq", weight("lg", 16), weight("lb", 16)], ["ln"], axis=-1),
+        node("Transpose", ["ln"], ["ln_t"], perm=[0, 2, 1]),
+        node("MatMul", ["ln", "ln_t"], ["scores"]),
+        node("Softmax", ["scores"], ["attention"], axis=-1),
+        node("MatMul", ["attention", "ln"], ["context"]),
+        node("ReduceMean", ["context", "axes"], ["pooled"], keepdims=0),
+        node("MatMul", ["pooled", weight("w2", 16, 16)], ["dense"]),
+        node("Gemm", ["dense", weight("wl", 10, 16), weight("bl", 10)], ["head"], transB=1),
+        node("GlobalAveragePool", ["gc"], ["gap"]),
+        node("Flatten", ["gap"], ["flat"]),
+        node("Gemm", ["flat", weight("wf", 10, 8)], ["side"], transB=1),
+        node("Add", ["head", "side"], ["logits"]),
+    ]
+    initializers.append(numpy_helper.from_array((rng.random(8) + 0.5).astype(np.float32), "var"))
+    data = helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 8, 8, 8])
+    graph = helper.make_graph(nodes, "every_op", [data],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])], initializers)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8), path)
+
+
+@pytest.mark.slow
+def test_draft_verify_proposes_candidates_for_every_task_of_every_op_kind(tmp_path):
+    """Each task of a model with every kind of op gets candidates; where the analyzer cannot read a
+    space or the space has no decision, the fallback is counted. Used to raise 'float division by zero'."""
+    from edgetune.frontend.onnx import fuse_for_tuning, load_model, to_relax
+    from edgetune.tuning.tasks import extract_tasks
+
+    every_op_model(tmp_path / "every_op.onnx")
+    target = load_profile("host").tvm_target()
+    model = load_model(zoo=None, onnx_path=tmp_path / "every_op.onnx", input_shapes=None)
+    tasks = extract_tasks(fuse_for_tuning(to_relax(model), target), target)
+    names = " ".join(t.name for t in tasks)
+    for kind in ("conv2d", "matmul", "transpose", "reshape", "concatenate", "relu", "softmax", "layer_norm", "mean",
+                 "max_pool2d"):
+        assert kind in names
+    fallbacks = {}
+    for task in tasks:
+        strategy = started_search(task.mod, trials=4, per_iter=2)
+        batch = strategy.generate_measure_candidates()
+        assert batch, task.name
+        strategy.notify_runner_results(batch, measured_fine(batch))
+        fallbacks[task.name] = strategy.counts.fallback
+    no_decision = [name for name, reason in fallbacks.items() if reason == "no tunable decision"]
+    unread = [name for name, reason in fallbacks.items() if reason and reason.startswith("analyzer cannot read")]
+    assert any("transpose" in name for name in no_decision) and any("softmax" in name for name in unread)
+    assert fallbacks[next(t.name for t in tasks if t.name.startswith("conv2d"))] is None  # a readable space

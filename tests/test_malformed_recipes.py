@@ -43,13 +43,13 @@ class Case:
     fragment: str
 
 
-def _tiny_onnx(symbolic_batch: bool = False, opset: bool = True) -> bytes:
+def _tiny_onnx(symbolic_batch: bool = False, opset: bool = True, input_name: str = "data") -> bytes:
     import onnx
     from onnx import TensorProto, helper
 
     shape = ["N" if symbolic_batch else 1, 3, 8, 8]
-    graph = helper.make_graph([helper.make_node("Relu", ["data"], ["out"])], "relu",
-                              [helper.make_tensor_value_info("data", TensorProto.FLOAT, shape)],
+    graph = helper.make_graph([helper.make_node("Relu", [input_name], ["out"])], "relu",
+                              [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, shape)],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     if not opset:
@@ -75,6 +75,7 @@ SETUP: dict[str, Callable[[Path], None]] = {
     "onnx_directory": lambda d: (d / "model.onnx").mkdir(),
     "onnx_shapes_unknown_input": lambda d: (d / "model.onnx").write_bytes(_tiny_onnx()),
     "onnx_shapes_rank": lambda d: (d / "model.onnx").write_bytes(_tiny_onnx()),
+    "onnx_nul_in_input_name": lambda d: (d / "model.onnx").write_bytes(_tiny_onnx(input_name="da\0ta")),
     "onnx_dynamic_without_shapes": lambda d: (d / "model.onnx").write_bytes(_tiny_onnx(symbolic_batch=True)),
     "output_file": _write("notes.txt", "mine\n"),
     "output_under_file": _write("notes.txt", "mine\n"),

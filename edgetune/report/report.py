@@ -37,7 +37,7 @@ _TARGET_DEFAULTS: dict[str, Any] = {
 }
 _TASK_DEFAULTS: dict[str, Any] = {
     "weight": 1, "trials": 0, "trials_measured_now": 0, "best_us": None, "gflops": None, "skipped_for_budget": False,
-    "space_exhausted": False, "candidates": None,
+    "space_exhausted": False, "candidates": None, "search_fallback": None, "tuning_failed": None,
 }
 
 Curve = list[tuple[float, float]]
@@ -255,9 +255,11 @@ def _search_line(search: str | None, result: dict[str, Any]) -> str:
     if search != "draft-verify" or not counts:
         return f"search: {search}, candidates measured in this build: {result['trials_measured']}"
     total = {stage: sum(c[stage] for c in counts) for stage in ("explored", "drafted", "verified")}
+    fallbacks = sum(1 for t in result["tasks"] if t.get("search_fallback"))
     return (f"search: draft-verify, in this build: {total['explored']:,} candidates scored by the analyzer, "
             f"{total['drafted']:,} drafted, {total['verified']:,} verified by the learned model, "
-            f"{result['trials_measured']:,} measured")
+            f"{result['trials_measured']:,} measured"
+            + (f"; {fallbacks} of {len(result['tasks'])} tasks fell back (see Tasks)" if fallbacks else ""))
 
 
 def _latency_chart(tuned: float, untuned: float | None, reference: float | None) -> str:

@@ -26,6 +26,7 @@ from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 from tvm.s_tir.meta_schedule.tune_context import TuneContext
 
 FAILED = float("inf")
+_SHORTEST_RUN_S = 1e-12
 
 _PARAMS = {
     "objective": "rank:pairwise",
@@ -51,7 +52,8 @@ def ranking_data(groups: Groups) -> tuple[np.ndarray, np.ndarray, list[int]] | N
     """Rows, labels (throughput relative to the group's best; failures 0) and group sizes."""
     rows, labels, sizes = [], [], []
     for features, costs in groups.values():
-        cost = np.asarray(costs, dtype=float)
+        # a run timed at 0 s (a kernel below the timer's resolution) would divide by zero
+        cost = np.maximum(np.nan_to_num(np.asarray(costs, dtype=float), nan=FAILED, posinf=FAILED), _SHORTEST_RUN_S)
         finite = np.isfinite(cost)
         if not finite.any():
             continue

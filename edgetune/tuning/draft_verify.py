@@ -18,12 +18,16 @@ Each round:
 
 The first batches are smaller (FIRST_BATCHES) so the analyzer's best arrive early. Design spaces the
 analyzer cannot read structurally are drafted with TVM's own sampling and mutators and scored
-by the analyzer's TIR walk on the materialized candidates (slower, same selection).
+by the analyzer's TIR walk on the materialized candidates (slower, same selection); a space with no
+decision at all (a transpose, a reshape, BatchNorm + ReLU) has one design, measured once. Should the
+analyzer fail on a task or score none of its candidates, the task's remaining trials go to
+MetaSchedule's evolutionary search. Each of these fallbacks is counted (`SearchCounts.fallback`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -31,6 +35,7 @@ import numpy as np
 import tvm_ffi
 from tvm.ir.utils import derived_object
 from tvm.s_tir import Schedule
+from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate, PySearchStrategy
 from tvm.s_tir.schedule import Trace
@@ -60,6 +65,12 @@ VERIFY_CPU, VERIFY_GPU = 160, 64
 the candidate to verify it) cost ~20x the CPU ones per candidate, hence fewer on GPUs."""
 FALLBACK_SAMPLES = 48
 """Candidates a fallback space materializes per round (TVM sampling + mutation)."""
+STOCK_POPULATION = 64
+"""Population of the evolutionary search a task falls back to (MetaSchedule's ratio for rounds of 8)."""
+NO_DECISION = "no tunable decision"
+SHORTEST_S, LONGEST_S = 1e-12, 1e6
+"""Analyzer estimates are clipped into this range before their logarithm (a zero or non-finite one
+would otherwise tie every draft or poison the ranks)."""
 
 
 @dataclass
@@ -88,6 +99,7 @@ class SearchCounts:
     explored: int = 0  # decision vectors (or fallback candidates) scored by the analyzer
     drafted: int = 0  # kept by the analyzer for verification
     verified: int = 0  # materialized and scored by the learned model
+    fallback: str | None = None  # why (part of) the task was not drafted by the structural analyzer
 
 
 class TrustsPrior(Protocol):
@@ -141,18 +153,12 @@ class DraftVerifySearch(PySearchStrategy):
         self.cost_model = cost_model
         self.trials = 0
         self.round = 0
-        self.spaces: list[_Space] = []
-        for schedule in design_spaces:
-            try:
-                model = SpaceModel.analyze(self.mod, schedule)
-            except UnsupportedSpace as reason:
-                logger.info("design space not read structurally (%s): drafting with TVM's sampling", reason)
-                model = None
-            space = _Space(schedule, model)
-            if model is not None:
-                space.weights = model.mutation_weights()
-                space.seen = [set() for _ in model.slots]
-            self.spaces.append(space)
+        self.design_spaces = list(design_spaces)
+        self.stock = None  # MetaSchedule's evolutionary search, once the analyzer failed on this task
+        self.spaces = [self._read_space(schedule) for schedule in self.design_spaces]
+        readable = [s.model for s in self.spaces if s.model is not None]
+        if readable and all(model.width == 0 for model in readable) and self.counts.fallback is None:
+            self.counts.fallback = NO_DECISION
         self.measured: set[bytes] = set()
         # Two decision vectors can give the same program (e.g. a split of a unit loop): never measure twice.
         self.measured_programs: set[int] = set()
@@ -161,7 +167,30 @@ class DraftVerifySearch(PySearchStrategy):
         for record in self._records(None):
             self._remember(record.trace)
 
+    def _read_space(self, schedule: Schedule) -> _Space:
+        """A design space with its structural model, or without one (drafted by TVM's sampling)."""
+        try:
+            model = SpaceModel.analyze(self.mod, schedule)
+            weights = model.mutation_weights()
+        except UnsupportedSpace as reason:
+            logger.info("design space not read structurally (%s): drafting with TVM's sampling", reason)
+            self._note_fallback(f"analyzer cannot read a design space ({reason}): drafted by TVM's sampling")
+            return _Space(schedule, None)
+        except Exception as exc:  # an analyzer bug on an unusual space must not sink the task
+            logger.warning("analyzer failed on a design space (%s: %s): drafting with TVM's sampling",
+                           type(exc).__name__, exc)
+            self._note_fallback(f"analyzer failed on a design space ({type(exc).__name__}: {exc}): "
+                                "drafted by TVM's sampling")
+            return _Space(schedule, None)
+        return _Space(schedule, model, weights=weights, seen=[set() for _ in model.slots])
+
+    def _note_fallback(self, reason: str) -> None:
+        if self.counts.fallback is None or self.counts.fallback == NO_DECISION:
+            self.counts.fallback = reason
+
     def post_tuning(self) -> None:
+        if self.stock is not None:
+            self.stock.post_tuning()
         self.spaces = []
         self.pending = []
 
@@ -187,15 +216,37 @@ class DraftVerifySearch(PySearchStrategy):
         if self.round < len(FIRST_BATCHES):
             batch = min(batch, FIRST_BATCHES[self.round])
         self.round += 1
-        picked = self._select(self._verify(self._draft()), batch)
+        if self.stock is not None:
+            return self.stock.generate_measure_candidates()
+        try:
+            picked = self._select(self._verify(self._draft()), batch)
+        except Exception as exc:  # the stock search takes over the task's remaining trials
+            return self._fall_back(f"analyzer failed ({type(exc).__name__}: {exc})")
+        if not picked and self.estimated and not self.finite:
+            return self._fall_back("the analyzer scored none of the candidates")
         if not picked:
             return None
         self.pending = picked
         return [MeasureCandidate(d.schedule, ArgInfo.from_entry_func(d.schedule.mod, remove_preproc=True))
                 for d in picked]
 
+    def _fall_back(self, reason: str) -> list[MeasureCandidate] | None:
+        """MetaSchedule's evolutionary search for the rest of this task's trials (counted, logged)."""
+        logger.warning("draft-verify on %s: %s; evolutionary search takes over", self.context.task_name, reason)
+        self.counts.fallback = f"{reason}: evolutionary search"
+        self.pending = []
+        self.stock = ms.search_strategy.EvolutionarySearch(population_size=STOCK_POPULATION,
+                                                           init_min_unmeasured=STOCK_POPULATION // 2)
+        self.stock._initialize_with_tune_context(self.context)
+        self.stock.pre_tuning(max(0, self.max_trials - self.trials), self.per_iter, self.design_spaces,
+                              self.database, self.cost_model)
+        return self.stock.generate_measure_candidates()
+
     def notify_runner_results(self, measure_candidates, results) -> None:
         self.trials += len(results)
+        if self.stock is not None:
+            self.stock.notify_runner_results(measure_candidates, results)
+            return
         for draft in self.pending:
             self.measured.add(draft.key)
             self.measured_programs.add(tvm_ffi.structural_hash(draft.schedule.mod))
@@ -215,6 +266,7 @@ class DraftVerifySearch(PySearchStrategy):
         the verified pool: the analyzer's differences between spaces are within its error.
         """
         per_space: list[list[_Draft]] = []
+        self.estimated = self.finite = 0  # this round's analyzer estimates, and the finite ones among them
         readable = [s for s in self.spaces if s.model is not None]
         share = max(64, self.population // max(1, len(readable)))
         best_rows = self._best_rows()
@@ -233,6 +285,8 @@ class DraftVerifySearch(PySearchStrategy):
     def _evolve(self, index: int, space: _Space, size: int, best: np.ndarray) -> list[_Draft]:
         model = space.model
         assert model is not None and space.weights is not None
+        if model.width == 0:  # one design: nothing to evolve
+            return self._ranked(index, space, np.zeros((1, 0), dtype=np.int64))
         parts = [model.sample(self.rng, size)]
         if len(best):
             parts += [best, model.mutate(self.rng, np.repeat(best, max(1, size // (4 * len(best))), axis=0),
@@ -249,8 +303,15 @@ class DraftVerifySearch(PySearchStrategy):
             children = model.mutate(self.rng, mothers, space.weights)
             crossed = model.crossover(self.rng, fathers, elite[self.rng.integers(0, len(elite), len(fathers))])
             population = np.unique(np.concatenate([elite, children, crossed]), axis=0)
+        return self._ranked(index, space, population)
+
+    def _ranked(self, index: int, space: _Space, population: np.ndarray) -> list[_Draft]:
+        """The population's unmeasured vectors with a finite estimate, best first (kept for the next round)."""
+        assert space.model is not None
         self.counts.explored += len(population)
-        latency = self.analyzer.latency(model.nests(population))
+        latency = self.analyzer.latency(space.model.nests(population))
+        self.estimated += len(latency)
+        self.finite += int(np.isfinite(latency).sum())
         order = np.argsort(latency)
         kept: list[_Draft] = []
         for i in order:
@@ -273,7 +334,7 @@ class DraftVerifySearch(PySearchStrategy):
         mutators = [m for m, _ in self.mutators]
         probs = np.array([float(p) for _, p in self.mutators])
         for k in range(FALLBACK_SAMPLES - len(traces)):
-            if not records or not mutators:
+            if not records or not mutators or not probs.sum() > 0:
                 break
             base = records[k % len(records)].trace
             mutated = mutators[self.rng.choice(len(mutators), p=probs / probs.sum())].apply(base)
@@ -287,7 +348,10 @@ class DraftVerifySearch(PySearchStrategy):
             key = _key(index, None, schedule)
             if key in self.measured:
                 continue
-            latency = float(self.analyzer.latency(nests_from_func(_only_func(schedule)))[0])
+            nests = nests_from_func(_only_func(schedule))
+            latency = float(self.analyzer.latency(nests)[0]) if nests else SHORTEST_S  # no statement: no work
+            self.estimated += 1
+            self.finite += math.isfinite(latency)
             self.counts.explored += 1
             drafts.append(_Draft(index, key, latency, schedule=schedule))
         return drafts
@@ -315,12 +379,13 @@ class DraftVerifySearch(PySearchStrategy):
         self.counts.verified += len(ready)
         if not ready:
             return []
-        drafted = rank(-np.floor(np.log(np.array([d.latency for d in ready])) / np.log1p(ANALYZER_RESOLUTION)))
+        drafted = rank(-np.floor(log_latency([d.latency for d in ready]) / np.log1p(ANALYZER_RESOLUTION)))
         learned = np.zeros(len(ready))
         if self.cost_model is not None:
             candidates = [MeasureCandidate(d.schedule, ArgInfo.from_entry_func(d.schedule.mod, remove_preproc=True))
                           for d in ready]
             learned = np.asarray(self.cost_model.predict(self.context, candidates), dtype=float)
+            learned = np.nan_to_num(learned, nan=0.0, posinf=0.0, neginf=0.0)  # an unusable score ranks nothing
         weight = float(np.clip((len(self.measured) - LEARNED_FROM) / (LEARNED_FULL - LEARNED_FROM), 0.0, 1.0))
         if self.prior is not None and self.prior.trusted(str(tvm_ffi.structural_hash(self.mod))):
             weight = 1.0  # trained on the siblings' measurements of this task
@@ -417,6 +482,12 @@ def _key(space: int, row: np.ndarray | None, schedule: Schedule | None = None) -
     return bytes([space]) + b"h" + str(tvm_ffi.structural_hash(schedule.mod)).encode()
 
 
+def log_latency(latencies) -> np.ndarray:
+    """Logarithms of analyzer estimates, clipped so that zero, inf and nan give finite values."""
+    seconds = np.nan_to_num(np.asarray(latencies, dtype=float), nan=LONGEST_S, posinf=LONGEST_S)
+    return np.log(np.clip(seconds, SHORTEST_S, LONGEST_S))
+
+
 def rank(scores: np.ndarray) -> np.ndarray:
     """Scores as ranks in [0, 1] (1: best; ties share their mean rank), so scorers add up."""
     if len(scores) < 2:
@@ -427,7 +498,7 @@ def rank(scores: np.ndarray) -> np.ndarray:
 
 
 def _novelty(draft: _Draft, seen: list[set[int]]) -> float:
-    if draft.row is None or not seen:
+    if draft.row is None or not len(draft.row) or not seen:
         return 0.0
     return float(np.mean([int(v) not in s for v, s in zip(draft.row, seen)]))
 

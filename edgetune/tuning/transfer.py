@@ -108,7 +108,7 @@ def load_sibling_records(siblings: Mapping[str, RecordStore], tasks: list[Tuning
                 context = ms.TuneContext(mod=task.mod, target=target, space_generator="post-order-apply",
                                          search_strategy="evolutionary", num_threads=num_threads)
                 postprocs = list(context.space_generator.postprocs)
-            best = mean_seconds(records[0].run_secs)
+            best = max(mean_seconds(records[0].run_secs), 1e-12)  # a 0 s record must not divide by zero
             schedules, costs = [], []
             for i, record in enumerate(records):
                 schedule = replay(task.mod, record.trace, postprocs, seed=i + 1)

@@ -6,10 +6,15 @@ shared by all tasks of a target (as in `tune_tasks`). Under a time budget, after
 over every task, each round goes to the task expected to save the model the most latency per second
 of tuning (Ansor's task scheduler), so the budget is spent where the model spends its time; a task
 that stopped improving waits until no improving task is left.
+
+A task whose tuning raises keeps what it measured (its best schedule so far, or none: the untuned
+one), is marked `tuning_failed`, and the other tasks go on: one kernel TVM cannot search must not
+throw away the model's other kernels. Ctrl-C still stops everything (TuningInterrupted).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import signal
 import threading
@@ -36,6 +41,8 @@ from edgetune.tuning.records import RecordStore
 from edgetune.tuning.remote import DeviceLost, RetryingRPCRunner, shared_object_export
 from edgetune.tuning.tasks import TuningTask
 from edgetune.tuning.transfer import SeededSearch, SiblingRecords, TransferCostModel, TransferMode, TransferStats
+
+logger = logging.getLogger(__name__)
 
 _MAX_TRIALS_PER_ROUND = 64  # MetaSchedule's default num_trials_per_iter
 _FIRST_PASS_TRIALS = 8
@@ -102,10 +109,11 @@ class TaskOutcome:
     last_round_gain_us: float = 0.0  # how much its latest round lowered its best latency
     trials_since_gain: int = 0  # measured in this build since a round last lowered its best by 1%
     search: SearchCounts = field(default_factory=SearchCounts)  # draft-verify's candidates per stage
+    tuning_failed: str | None = None  # "<ExcType>: <message>" of the exception that ended its tuning
 
     @property
     def gflops(self) -> float | None:
-        return self.flops / self.best_us / 1e3 if self.best_us else None
+        return self.flops / self.best_us / 1e3 if self.best_us and self.best_us > 0 else None
 
     def finish_round(self, best_us: float | None, measured: int, seconds: float) -> None:
         """What the scheduler learns from a round: its pace, its gain, and whether the task still improves."""
@@ -127,6 +135,10 @@ class TuningResult:
     @property
     def trials_measured(self) -> int:
         return sum(t.trials_measured for t in self.tasks)
+
+    @property
+    def failed(self) -> list[TaskOutcome]:
+        return [t for t in self.tasks if t.tuning_failed is not None]
 
 
 ProgressFn = Callable[[TaskProgress], None]
@@ -304,13 +316,15 @@ def tune(
                 _tune_one(task, position + 1, len(tasks), trials, enough, target, store, plan, builder, runner,
                           cost_model, outcome, progress, started, stop, logs_dir or store.directory / "logs",
                           result.transfer)
-            except Exception:  # the stop request comes back through TVM's C++ loop, maybe re-wrapped
+            except Exception as exc:  # the stop request comes back through TVM's C++ loop, maybe re-wrapped
                 if not stop.is_set():
-                    raise
+                    _task_failed(task, outcome, exc)
+            finally:
+                outcome.tuning_s += time.monotonic() - round_started
             # MetaSchedule ends a task early only when its search has no new candidate: another round
             # would evolve a population to find none again
             round_measured = outcome.trials_measured - measured_before
-            outcome.space_exhausted = round_measured < enough
+            outcome.space_exhausted = outcome.tuning_failed is None and round_measured < enough
             outcome.finish_round(_best_us(store, task), round_measured, time.monotonic() - round_started)
             if stop.is_set():
                 measured = sum(t.trials_measured for t in result.tasks)
@@ -335,6 +349,7 @@ def tune(
                                          - outcome.trials_measured))
         for index, ((task, done), outcome) in enumerate(zip(pending, result.tasks), start=1):
             _finish_task(task, index, len(tasks), done, outcome, plan, progress, started)
+        _count_committed(tasks, result.tasks, counts, store)
     result.wall_s = time.monotonic() - started
     return result
 
@@ -345,7 +360,7 @@ def trials_that_fit(trials: int, outcome: TaskOutcome, left_s: float) -> int:
     left, it would overrun the budget by the rest)."""
     if left_s <= 0:
         return 0
-    if outcome.trials_measured == 0:
+    if outcome.trials_measured == 0 or outcome.tuning_s <= 0:
         return trials
     return min(trials, int(left_s * outcome.trials_measured / outcome.tuning_s))
 
@@ -380,8 +395,25 @@ def gain_rate(outcome: TaskOutcome) -> float:
 
 
 def _wants_trials(outcome: TaskOutcome, trials_per_task: int) -> bool:
-    return (not outcome.space_exhausted and not outcome.skipped_for_budget
+    return (not outcome.space_exhausted and not outcome.skipped_for_budget and outcome.tuning_failed is None
             and outcome.trials_before + outcome.trials_measured < trials_per_task)
+
+
+def _task_failed(task: TuningTask, outcome: TaskOutcome, exc: Exception) -> None:
+    """The task keeps what it measured and gets no further round; the build goes on."""
+    outcome.tuning_failed = f"{type(exc).__name__}: {exc}"
+    logger.warning("tuning of task %s failed (%s); it keeps its best schedule so far", task.name,
+                   outcome.tuning_failed, exc_info=exc)
+
+
+def _count_committed(tasks: list[TuningTask], outcomes: list[TaskOutcome], before, store: RecordStore) -> None:
+    """Each task's measurements of this build, as its records in the store: what a failed round
+    measured before it raised is committed, and counted, like any other."""
+    after = store.measured_counts()
+    for task, outcome in zip(tasks, outcomes):
+        key = _key(task)
+        outcome.trials_measured = max(0, after[key] - before[key])
+        outcome.best_us = _best_us(store, task)
 
 
 def _best_us(store: RecordStore, task: TuningTask) -> float | None:
@@ -405,7 +437,6 @@ def _key(task: TuningTask) -> int:
 def _tune_one(task, index, total, trials, enough, target, store, plan, builder, runner, cost_model, outcome,
               progress, tuning_started, stop, logs_dir, transfer):
     """Up to `trials` measurements of one task; no further search iteration once `enough` were sent."""
-    task_started = time.monotonic()
     best = store.best_seconds(task)
 
     def on_batch(measured: int, fastest: float | None) -> None:
@@ -453,4 +484,3 @@ def _tune_one(task, index, total, trials, enough, target, store, plan, builder, 
         measure_callbacks=callbacks,
         task_scheduler="round-robin",
     )
-    outcome.tuning_s += time.monotonic() - task_started

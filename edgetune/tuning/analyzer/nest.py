@@ -63,8 +63,9 @@ class Nest:
     @property
     def dim_size(self) -> np.ndarray:
         """[A, D] buffer extents, 1 on padding dims."""
-        dims = max(len(a.shape) for a in self.accesses)
-        return np.array([list(a.shape) + [1] * (dims - len(a.shape)) for a in self.accesses], dtype=float)
+        dims = max((len(a.shape) for a in self.accesses), default=1)
+        return np.array([list(a.shape) + [1] * (dims - len(a.shape)) for a in self.accesses],
+                        dtype=float).reshape(len(self.accesses), dims)
 
     @property
     def elem_bytes(self) -> np.ndarray:

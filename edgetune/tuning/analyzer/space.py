@@ -75,6 +75,8 @@ def replay(mod: tvm.IRModule, trace: Trace, postprocs, seed: int) -> Schedule | 
 
 def perfect_tilings(extent: int, parts: int, max_innermost: int) -> np.ndarray:
     """[K, parts] every way to write `extent` as an ordered product (innermost <= max_innermost)."""
+    if extent < 1:
+        raise UnsupportedSpace(f"tiling of a loop of extent {extent}")
     primes = _factorize(extent)
     per_prime = []
     for prime, power in primes.items():
@@ -208,6 +210,8 @@ class Sym:
         return Sym(self.const * other.const, self.refs + other.refs)
 
     def inverse(self) -> Sym:
+        if self.const == 0:
+            raise UnsupportedSpace("a split of a zero-extent loop")
         return Sym(1.0 / self.const, tuple((s, c, -e) for s, c, e in self.refs))
 
     def evaluate(self, values: list[np.ndarray], n: int) -> np.ndarray:
@@ -356,6 +360,8 @@ class SpaceModel:
 
     def mutation_weights(self) -> np.ndarray:
         """Chance of each slot being mutated: MetaSchedule's mutator mix, spread over its slots."""
+        if not self.width:  # nothing to mutate: a space of one design (a transpose, a reshape)
+            return np.zeros(0)
         kinds = {TileSlot: 0.9, LocationSlot: 0.05, CategoricalSlot: 0.05}
         raw = np.array([kinds[type(s)] / sum(isinstance(t, type(s)) for t in self.slots) for s in self.slots])
         raw = np.where([s.size > 1 for s in self.slots], raw, 0.0)

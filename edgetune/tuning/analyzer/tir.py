@@ -76,7 +76,7 @@ def index_coefficients(expr, variables: Sequence[tirx.Var]) -> tuple[list[float]
                 return walk(e.a, scale * int(e.b.value))
             if isinstance(e.a, tirx.IntImm):
                 return walk(e.b, scale * int(e.a.value))
-        if isinstance(e, tirx.FloorDiv) and isinstance(e.b, tirx.IntImm):
+        if isinstance(e, tirx.FloorDiv) and isinstance(e.b, tirx.IntImm) and int(e.b.value) != 0:
             exact = False
             return walk(e.a, scale / int(e.b.value))
         if isinstance(e, tirx.FloorMod) and isinstance(e.b, tirx.IntImm):
