@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime
     import tvm
 
-    from edgetune.compile import load_library
+    from edgetune.runtime import load_library
     from edgetune.frontend.onnx import load_model
     from edgetune.reference import ReferenceRuntime
 

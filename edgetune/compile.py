@@ -1,11 +1,9 @@
-"""Compile a model with (or without) a target's tuned records, and time it where it runs."""
+"""Compile a model with (or without) a target's tuned records and export it as a library (runtime.py runs it)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import numpy as np
 import tvm
 from tvm import relax
 from tvm.s_tir.meta_schedule.database import Database, MemoryDatabase
@@ -77,48 +75,3 @@ def export_library(executable, path: Path, cross_compiler: str | None = None) ->
     else:
         executable.export_library(str(path))
     return path
-
-
-_BIG_CORES = 1  # TVM's ThreadGroup affinity mode: threads on the fastest cores, one per core
-
-
-def use_cpu_threads(cores: int) -> None:
-    """Run TVM's CPU kernels on `cores` threads, in this process and in workers it starts later.
-
-    Unless told otherwise, TVM's runtime starts hardware_concurrency / 2 threads on x86, as if every
-    core ran two hyper-threads: one thread on a 2-vCPU machine, half of the cores a target is tuned
-    for and ONNX Runtime is given. TVM reads the environment variable when a thread's pool starts;
-    a pool that ran already can be narrowed, not widened.
-    """
-    os.environ["TVM_NUM_THREADS"] = str(cores)
-    pool_size = tvm.get_global_func("runtime.NumThreads")  # starts this thread's pool if it has not run
-    if pool_size() != cores:
-        tvm.get_global_func("runtime.config_threadpool")(_BIG_CORES, cores)
-    if pool_size() != cores:
-        raise RuntimeError(f"TVM's thread pool in this process started with {pool_size()} threads before it was "
-                           f"asked for {cores}: set TVM_NUM_THREADS={cores} before running kernels")
-
-
-def load_library(path: Path, device: tvm.runtime.Device) -> relax.VirtualMachine:
-    return relax.VirtualMachine(tvm.runtime.load_module(str(path)), device)
-
-
-def run(vm: relax.VirtualMachine, inputs: list[np.ndarray], device: tvm.runtime.Device) -> list[np.ndarray]:
-    result = vm["main"](*[tvm.runtime.tensor(x, device) for x in inputs])
-    return _flatten(result)
-
-
-def _flatten(result) -> list[np.ndarray]:
-    if hasattr(result, "numpy"):
-        return [result.numpy()]
-    return [array for item in result for array in _flatten(item)]
-
-
-def time_model(
-    vm: relax.VirtualMachine, inputs: list[np.ndarray], device: tvm.runtime.Device, min_total_s: float = 1.0
-) -> float:
-    """Median latency in milliseconds over several repeats, each at least ~0.1 s long."""
-    args = [tvm.runtime.tensor(x, device) for x in inputs]
-    vm["main"](*args)  # warm-up: first call allocates
-    timer = vm.time_evaluator("main", device, number=1, repeat=5, min_repeat_ms=int(min_total_s * 1000 / 5))
-    return float(timer(*args).median) * 1e3

@@ -28,7 +28,8 @@ from edgetune.cuda_precompile import precompile_cuda
 from edgetune.errors import BuildError, EdgetuneError, InputError
 from edgetune.fleet.endpoints import RemoteDevice, device_summary, remote_device
 from edgetune.fleet.tracker import require_servers
-from edgetune.frontend.onnx import LoadedModel, fuse_for_tuning, load_model, to_relax
+from edgetune.frontend.model import LoadedModel
+from edgetune.frontend.onnx import fuse_for_tuning, load_model, to_relax
 from edgetune.frontend.winograd import WinogradPolicy
 from edgetune.package.artifact import claim_build_directory, sha256_file, write_artifact_files, write_manifest
 from edgetune.package.deploy import build_program, missing_runner_hint, runner_for, stage_runtime
@@ -493,7 +494,7 @@ def _select_in_model(result: TargetResult, relax_mod, tvm_target, store: RecordS
     """
     import tvm
 
-    from edgetune.compile import use_cpu_threads
+    from edgetune.runtime import use_cpu_threads
     from edgetune.selection import select_schedules
 
     if profile.cpu_threads:
@@ -538,7 +539,8 @@ def _measure(relax_mod, tvm_target, library, model, samples, reference, profile,
     """Latency of the packaged library, of the same model untuned, and of ONNX Runtime, on this machine."""
     import tvm
 
-    from edgetune.compile import compile_model, export_library, load_library, time_model, use_cpu_threads
+    from edgetune.compile import compile_model, export_library
+    from edgetune.runtime import load_library, time_model, use_cpu_threads
 
     device = tvm.device(profile.device, 0)
     sample_list = [samples[i.name] for i in model.inputs]
@@ -590,7 +592,7 @@ def _verify_shipped(artifact_dir: Path, manifest: dict, toolchain: Toolchain, ru
             method = "C++ deploy program" + (f" under {program_runner[0]}" if program_runner else ", this machine")
             checks.append((method, _check_program(artifact_dir, manifest, toolchain, runtime_dir)))
     if remote is not None:
-        from edgetune.fleet.session import check_remote_outputs
+        from edgetune.package.verify import check_remote_outputs
 
         check = check_remote_outputs(artifact_dir, manifest, remote)
         checks.append((f"TVM's runtime on the device, {remote.where}", check))

@@ -1,37 +1,51 @@
-"""ONNX Runtime as the reference: the output an artifact must match and the latency it must beat."""
+"""The reference an artifact must match and the latency it must beat: ONNX Runtime for an ONNX model,
+the torch.export program itself (in PyTorch) for an exported program."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import onnxruntime
 
-from edgetune.frontend.onnx import LoadedModel
+from edgetune.frontend.model import LoadedModel
 
 
 class ReferenceRuntime:
     def __init__(self, model: LoadedModel):
-        self._bytes = model.proto.SerializeToString()
+        self._program = model.program
+        self._bytes = model.proto.SerializeToString() if model.proto is not None else b""
+        self._inputs = [i.name for i in model.inputs]
         self._outputs = list(model.output_names)
 
+    def _runner(self, threads: int) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
+        if self._program is not None:
+            from edgetune.frontend.exported_program import program_runner
+
+            run = program_runner(self._program, threads)
+            return lambda inputs: run([inputs[n] for n in self._inputs])
+        session = self._session(threads)
+        return lambda inputs: session.run(self._outputs, inputs)
+
     def _session(self, threads: int) -> onnxruntime.InferenceSession:
+        """ONNX Runtime on the model's own graph (ONNX models only)."""
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         return onnxruntime.InferenceSession(self._bytes, options, providers=["CPUExecutionProvider"])
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self._outputs, self._session(threads=1).run(self._outputs, inputs)))
+        return dict(zip(self._outputs, self._runner(threads=1)(inputs)))
 
     def time(self, inputs: dict[str, np.ndarray], threads: int, min_total_s: float = 1.0) -> float:
         """Median latency in milliseconds, with the same thread count the artifact gets."""
-        session = self._session(threads)
-        session.run(self._outputs, inputs)
+        run = self._runner(threads)
+        run(inputs)
         samples = []
         deadline = time.perf_counter() + min_total_s
         while len(samples) < 5 or (time.perf_counter() < deadline and len(samples) < 1000):
             start = time.perf_counter()
-            session.run(self._outputs, inputs)
+            run(inputs)
             samples.append(time.perf_counter() - start)
         return float(np.median(samples)) * 1e3

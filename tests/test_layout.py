@@ -73,7 +73,8 @@ def test_gpu_targets_keep_the_imported_layout(block) -> None:
 def test_channels_last_model_computes_what_onnx_runtime_does(block) -> None:
     import tvm
 
-    from edgetune.compile import compile_model, run
+    from edgetune.compile import compile_model
+    from edgetune.runtime import run
     from edgetune.reference import ReferenceRuntime
 
     target = resolve_profile("host", None).tvm_target()

@@ -11,7 +11,7 @@ import pytest
 SCRIPT = """
 import subprocess, sys
 import tvm
-from edgetune.compile import use_cpu_threads
+from edgetune.runtime import use_cpu_threads
 use_cpu_threads({cores})
 worker = subprocess.run([sys.executable, "-c", "import tvm; print(tvm.get_global_func('runtime.NumThreads')())"],
                         capture_output=True, text=True, check=True)
@@ -34,7 +34,7 @@ def test_kernels_run_on_the_given_cores_here_and_in_workers_started_later(cores:
 
 
 def test_a_pool_started_wider_is_narrowed() -> None:
-    script = ("import tvm\nfrom edgetune.compile import use_cpu_threads\n"
+    script = ("import tvm\nfrom edgetune.runtime import use_cpu_threads\n"
               "pool_size = tvm.get_global_func('runtime.NumThreads')\nprint(pool_size())\n"
               "use_cpu_threads(1)\nprint(pool_size())")
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,

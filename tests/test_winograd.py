@@ -134,7 +134,8 @@ def test_convolutions_of_one_input_with_different_weights_stay_two_tasks(tmp_pat
 def test_winograd_model_computes_what_onnx_runtime_does(block) -> None:
     import tvm
 
-    from edgetune.compile import compile_model, run
+    from edgetune.compile import compile_model
+    from edgetune.runtime import run
     from edgetune.reference import ReferenceRuntime
 
     target = resolve_profile("host", None).tvm_target()
@@ -153,7 +154,8 @@ def test_a_tuned_winograd_kernel_compiles_into_a_model_that_matches_onnx_runtime
     twins and packs the transformed weights at compile time."""
     import tvm
 
-    from edgetune.compile import compile_model, run
+    from edgetune.compile import compile_model
+    from edgetune.runtime import run
     from edgetune.reference import ReferenceRuntime
     from edgetune.tuning.records import RecordStore
     from edgetune.tuning.tune import TuningPlan, tune

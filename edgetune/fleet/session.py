@@ -36,27 +36,13 @@ def _on_device(remote: RemoteDevice, library: Path, use: Callable[..., T]) -> T:
 
 def remote_latency_ms(remote: RemoteDevice, library: Path, inputs: list[np.ndarray]) -> float:
     """Median latency of the library on the device, timed there (as `time_model` does here)."""
-    from edgetune.compile import time_model
+    from edgetune.runtime import time_model
 
     return _on_device(remote, library, lambda vm, device: time_model(vm, inputs, device))
 
 
 def remote_outputs(remote: RemoteDevice, library: Path, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """The library's outputs for `inputs`, computed on the device."""
-    from edgetune.compile import run
+    from edgetune.runtime import run
 
     return _on_device(remote, library, lambda vm, device: run(vm, inputs, device))
-
-
-def check_remote_outputs(artifact_dir: Path, manifest: dict, remote: RemoteDevice):
-    """Run the artifact's library on the device on its sample input; compare with the reference output."""
-    from edgetune.package.artifact import LIBRARY_NAME, REFERENCE_OUTPUT_NAME, SAMPLE_INPUT_NAME
-    from edgetune.package.verify import compare_outputs
-
-    with np.load(artifact_dir / SAMPLE_INPUT_NAME) as data:
-        inputs = [data[i["name"]] for i in manifest["model"]["inputs"]]
-    with np.load(artifact_dir / REFERENCE_OUTPUT_NAME) as data:
-        reference = {name: data[name] for name in manifest["model"]["outputs"]}
-    outputs = dict(zip(manifest["model"]["outputs"], remote_outputs(remote, artifact_dir / LIBRARY_NAME, inputs)))
-    tolerance = manifest["verification"]
-    return compare_outputs(outputs, reference, tolerance["rtol"], tolerance["atol"])

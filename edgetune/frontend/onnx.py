@@ -1,18 +1,23 @@
-"""ONNX model source: load a user's file or a zoo model, import it into Relax, fuse it for tuning.
+"""Model source: load a user's ONNX file (or a zoo model, or a torch.export program), import it into Relax,
+fuse it for tuning.
 
-Every model, built-in or not, goes through ONNX so there is one import path to get right.
+Every ONNX model, built-in or not, takes one import path: inference-only rewrites first
+(frontend/simplify.py), then TVM's importer, then a check that the CPU layout conversion can handle the
+result. torch.export programs take TVM's own importer for them (frontend/exported_program.py) and the
+same layout check.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import onnx
 
-from edgetune.errors import InputError
+from edgetune.errors import BuildError, InputError
+from edgetune.frontend.model import LoadedModel, ModelInput, quiet, tvm_message
+from edgetune.frontend.simplify import default_opset, simplify_for_inference
 from edgetune.frontend.winograd import WinogradPolicy
 from edgetune.frontend.zoo import build_zoo_model
 
@@ -26,33 +31,9 @@ _ONNX_TO_NUMPY = {
     onnx.TensorProto.UINT8: "uint8",
 }
 
-
-@dataclass(frozen=True)
-class ModelInput:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    """An ONNX model with concrete input shapes, and the hash that keys every cache built from it."""
-
-    name: str
-    proto: onnx.ModelProto
-    inputs: tuple[ModelInput, ...]
-    output_names: tuple[str, ...]
-    sha256: str
-
-    def sample_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
-        """Deterministic inputs, used both to verify against ONNX Runtime and to time the model."""
-        rng = np.random.default_rng(seed)
-        return {
-            i.name: rng.standard_normal(i.shape).astype(i.dtype)
-            if i.dtype.startswith("float")
-            else rng.integers(0, 10, i.shape).astype(i.dtype)
-            for i in self.inputs
-        }
+IMPORT_OPSET = 13
+"""Models older than opset 11 are converted to this opset before import: TVM's importer implements most ops
+from opset 11-13 on, and the ops that moved attributes to inputs (Upsample, Pad, Slice, Clip) changed before 11."""
 
 
 def load_model(
@@ -60,8 +41,11 @@ def load_model(
     zoo: str | None,
     onnx_path: Path | None,
     input_shapes: dict[str, list[int]] | None,
+    say: Callable[[str], None] = quiet,
+    exported_program: Path | None = None,
 ) -> LoadedModel:
-    """Build the zoo model or read the ONNX file, and pin every input to a concrete shape."""
+    """Build the zoo model or read the ONNX file (with its external data files), and pin every input to a
+    concrete shape. `say` receives the notes of the import that follows (see `to_relax`)."""
     if zoo is not None:
         shape = None
         if input_shapes:
@@ -74,12 +58,32 @@ def load_model(
         except Exception as exc:  # onnx raises several unrelated types for a bad file
             raise InputError(f"{onnx_path}: not a readable ONNX model ({exc})") from exc
         name = onnx_path.stem
+    elif exported_program is not None:
+        from edgetune.frontend.exported_program import load_exported_program
+
+        return load_exported_program(exported_program, input_shapes, say)
     else:
-        raise InputError("model: give either 'zoo' or 'onnx'")
+        raise InputError("model: give one of 'zoo', 'onnx' or 'exported_program'")
     inputs = _concrete_inputs(proto, input_shapes or {}, name)
     outputs = tuple(o.name for o in proto.graph.output)
     digest = hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()
-    return LoadedModel(name, proto, inputs, outputs, digest)
+    return LoadedModel(name, proto, inputs, outputs, digest, _index_limits(proto, inputs), say)
+
+
+def _index_limits(proto: onnx.ModelProto, inputs: tuple[ModelInput, ...]) -> dict[str, int]:
+    """For each integer input that a Gather uses as indices into a weight table, the table's length."""
+    tables = {t.name: list(t.dims) for t in proto.graph.initializer}
+    integer_inputs = {i.name for i in inputs if i.dtype.startswith(("int", "uint"))}
+    limits: dict[str, int] = {}
+    for node in proto.graph.node:
+        if node.op_type != "Gather" or len(node.input) < 2 or node.input[1] not in integer_inputs:
+            continue
+        dims = tables.get(node.input[0])
+        if not dims:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        limits[node.input[1]] = min(limits.get(node.input[1], dims[axis]), dims[axis])
+    return limits
 
 
 def _concrete_inputs(
@@ -105,9 +109,11 @@ def _concrete_inputs(
         else:
             dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
             if any(d is None or d <= 0 for d in dims):
+                spelled = [d.dim_param or "?" if d.dim_value <= 0 else d.dim_value for d in tensor_type.shape.dim]
+                example = [d if isinstance(d, int) else 1 for d in spelled]
                 problems.append(
-                    f"model.input_shapes: input '{value.name}' has a dynamic shape {dims}; "
-                    f"give it a concrete shape, e.g. input_shapes: {{{value.name}: [1, 3, 224, 224]}}"
+                    f"model.input_shapes: input '{value.name}' has symbolic dimensions {spelled}; "
+                    f"give it a concrete shape, e.g. input_shapes: {{{value.name}: {example}}}"
                 )
                 continue
             shape = tuple(int(d) for d in dims)
@@ -118,15 +124,81 @@ def _concrete_inputs(
 
 
 def to_relax(model: LoadedModel):  # -> tvm.IRModule (tvm imported lazily: it is slow to load)
-    """Import into Relax with the weights bound as constants, so tuned kernels see static shapes."""
+    """Import into Relax with the weights bound as constants, so tuned kernels see static shapes.
+
+    What TVM imports is a rewritten copy (`prepare_for_import`); the model's own graph stays what ONNX
+    Runtime runs as the reference. Every rewrite, and a layout the CPU targets must keep, is told to
+    `model.say`.
+    """
     from tvm.relax.frontend.onnx import from_onnx
 
+    if model.program is not None:
+        from edgetune.frontend.exported_program import program_to_relax
+
+        return _check_layout(_decompose_for_inference(program_to_relax(model)), model.say)
+    proto, notes = prepare_for_import(model.proto, model.name)
+    for note in notes:
+        model.say(note)
     shape_dict = {i.name: list(i.shape) for i in model.inputs}
     dtype_dict = {i.name: i.dtype for i in model.inputs}
     try:
-        return from_onnx(model.proto, shape_dict=shape_dict, dtype_dict=dtype_dict, keep_params_in_input=False)
+        mod = from_onnx(proto, shape_dict=shape_dict, dtype_dict=dtype_dict, keep_params_in_input=False)
     except Exception as exc:  # the importer raises many kinds of errors for unsupported graphs
-        raise InputError(f"model '{model.name}': TVM's ONNX importer rejected it: {exc}") from exc
+        raise InputError(f"model '{model.name}': TVM's ONNX importer failed{_failing_node(exc)}: "
+                         f"{tvm_message(exc)}") from exc
+    return _check_layout(_decompose_for_inference(mod), model.say)
+
+
+def _decompose_for_inference(mod):
+    """Batch norms that could not be folded into a convolution (after a ReLU, on an input) as elementwise ops
+    on constants, which layout conversion follows and FuseOps fuses into the preceding kernel."""
+    import tvm
+    from tvm import relax
+
+    with tvm.transform.PassContext(opt_level=3):
+        return relax.transform.FoldConstant()(relax.transform.DecomposeOpsForInference()(mod))
+
+
+def prepare_for_import(proto: onnx.ModelProto, name: str) -> tuple[onnx.ModelProto, list[str]]:
+    """The graph TVM imports: an old opset converted, inference-only rewrites made (frontend/simplify.py),
+    and every op checked against the importer's table, so an unsupported one is named before importing."""
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    notes = []
+    opset = default_opset(proto)
+    if opset < 11:
+        from onnx import version_converter
+
+        try:
+            proto = version_converter.convert_version(proto, IMPORT_OPSET)
+            notes.append(f"opset {opset} converted to opset {IMPORT_OPSET} with onnx.version_converter "
+                         "(TVM's importer implements the older forms of several ops differently)")
+        except Exception as exc:  # the converter lacks adapters for some ops; the importer may still cope
+            notes.append(f"opset {opset} kept: onnx.version_converter could not convert it ({tvm_message(exc)})")
+    proto, rewrites = simplify_for_inference(proto)
+    supported = _get_convert_map()
+    unsupported = sorted({f"{n.op_type} (node '{n.name or n.output[0]}')" for n in proto.graph.node
+                          if n.domain in ("", "ai.onnx") and n.op_type not in supported})
+    if unsupported:
+        raise InputError(f"model '{name}': TVM's ONNX importer has no conversion for the ONNX op "
+                         f"{', '.join(unsupported)}")
+    return proto, notes + rewrites
+
+
+def _failing_node(exc: BaseException) -> str:
+    """' on ONNX node X (op Y)' when the importer's traceback shows which node it was converting."""
+    traceback = exc.__traceback__
+    while traceback is not None:
+        frame = traceback.tb_frame
+        node = frame.f_locals.get("node") if frame.f_code.co_name == "_construct_nodes" else None
+        if isinstance(node, onnx.NodeProto):
+            return f" on ONNX node '{node.name or node.output[0]}' (op {node.op_type})"
+        traceback = traceback.tb_next
+    return ""
+
+
+KEEP_LAYOUT_ATTR = "edgetune_keep_layout"
+"""Module attribute set by `to_relax` when layout conversion fails: why the model keeps its layout."""
 
 
 CPU_CONV_LAYOUT = ("NHWC", "HWIO")
@@ -189,12 +261,77 @@ def _lift_clips(mod):
     return relax.transform.DeadCodeElimination()(lifted)
 
 
+def _check_layout(mod, say: Callable[[str], None]):
+    """Try the CPU targets' layout conversion once, here: a model it cannot convert (ops it cannot follow
+    through, whatever real graphs hold) keeps its imported layout on every target, and the build says so."""
+    import tvm
+    from tvm import relax
+
+    if not _has_conv2d(mod):
+        return mod
+    try:
+        with tvm.transform.PassContext(opt_level=3):
+            relax.transform.ConvertLayout({"relax.nn.conv2d": list(CPU_CONV_LAYOUT)})(_lift_clips(mod))
+    except Exception as exc:  # TVM's InternalError, raised from C++ checks
+        why = f"TVM's ConvertLayout pass failed{_ops_named(exc) or _tuple_ops(mod)}: {tvm_message(exc)}"
+        say(f"the model keeps its imported layout on CPU targets (no {CPU_CONV_LAYOUT[0]} conversion): {why}")
+        return mod.with_attr(KEEP_LAYOUT_ATTR, why)
+    return mod
+
+
+def _has_conv2d(mod) -> bool:
+    import tvm
+    from tvm import relax
+
+    conv2d = tvm.ir.Op.get("relax.nn.conv2d")
+    found = []
+    for function in mod.functions.values():
+        if isinstance(function, relax.Function):
+            relax.analysis.post_order_visit(
+                function, lambda e: found.append(e) if isinstance(e, relax.Call) and e.op == conv2d else None)
+    return bool(found)
+
+
+def _tuple_ops(mod) -> str:
+    """' on relax.x (tuple result)' for the ops with several results, which layout conversion cannot follow."""
+    from tvm import relax
+
+    ops: set[str] = set()
+    for function in mod.functions.values():
+        if isinstance(function, relax.Function):
+            relax.analysis.post_order_visit(function, lambda e: ops.add(e.op.name) if isinstance(e, relax.Call) and
+                                            isinstance(e.ty, relax.TupleType) and
+                                            hasattr(e.op, "name") else None)
+    return f" on {', '.join(sorted(ops))} (an op with several results)" if ops else ""
+
+
+def _ops_named(exc: BaseException) -> str:
+    """' on relax.x' for the relax ops a TVM error message names."""
+    import re
+
+    ops = sorted(set(re.findall(r"\brelax\.[a-z_][a-z0-9_.]*[a-z0-9_]", str(exc))))
+    return f" on {', '.join(ops)}" if ops else ""
+
+
+def _run_passes(mod, passes: list):
+    """Run each pass in turn, so a failure names the pass (and the ops TVM names) in edgetune's words."""
+    for each in passes:
+        try:
+            mod = each(mod)
+        except Exception as exc:  # TVM's InternalError and friends
+            raise BuildError(f"TVM's {each.info.name} pass failed{_ops_named(exc)} while preparing the model's "
+                             f"kernels: {tvm_message(exc)}") from exc
+    return mod
+
+
 def fuse_for_tuning(mod, target, winograd: WinogradPolicy | None = None):
     """Legalize and fuse so MetaSchedule sees the fused kernels (without this it extracts 0 tasks).
 
     On CPU targets convolutions are first converted to `CPU_CONV_LAYOUT` (relax's ConvertLayout: the
     elementwise ops, pooling and additions around them follow; layout transforms remain only at the
-    model's edges and before layout-bound ops such as reshape). With a `winograd` policy, the 3x3
+    model's edges and before layout-bound ops such as reshape), unless `to_relax` found that the model
+    cannot be converted (KEEP_LAYOUT_ATTR), or a later pass fails on the converted model: then the model
+    is fused in its imported layout, the same way on every call. With a `winograd` policy, the 3x3
     stride-1 convolutions it picks are then legalized as Winograd convolutions on weights transformed
     at compile time (edgetune/frontend/winograd.py).
 
@@ -205,24 +342,29 @@ def fuse_for_tuning(mod, target, winograd: WinogradPolicy | None = None):
     with this very function, so the tuned workloads found here are the ones looked up at compile time.
     """
     import tvm
-    from tvm import relax
 
     layout = conv_layout(target)
-    converting = []
-    if layout:
-        mod = _lift_clips(mod)
-        converting = [relax.transform.ConvertLayout({"relax.nn.conv2d": list(layout)})]
-    algorithms = {"relax.nn.conv2d": winograd.legalize_conv2d} if layout and winograd else None
-    passes = tvm.transform.Sequential(
-        converting
-        + [
-            relax.transform.LegalizeOps(customize_legalize_map=algorithms),
-            relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(),
-            relax.transform.FuseOps(),
-            relax.transform.FuseTIR(),
-            relax.transform.AttachAttrLayoutFreeBuffers(),
-        ]
-    )
+    if layout and mod.attrs is not None and KEEP_LAYOUT_ATTR in mod.attrs:
+        layout = None
     with target, tvm.transform.PassContext(opt_level=3):
-        return passes(mod)
+        if not layout:
+            return _run_passes(mod, _fusion_passes(None, None))
+        try:
+            return _run_passes(_lift_clips(mod), _fusion_passes(layout, winograd))
+        except BuildError:  # the converted model trips a later pass: the imported layout may not
+            return _run_passes(mod, _fusion_passes(None, None))
+
+
+def _fusion_passes(layout: tuple[str, str] | None, winograd: WinogradPolicy | None) -> list:
+    from tvm import relax
+
+    converting = [relax.transform.ConvertLayout({"relax.nn.conv2d": list(layout)})] if layout else []
+    algorithms = {"relax.nn.conv2d": winograd.legalize_conv2d} if layout and winograd else None
+    return converting + [
+        relax.transform.LegalizeOps(customize_legalize_map=algorithms),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        relax.transform.AttachAttrLayoutFreeBuffers(),
+    ]

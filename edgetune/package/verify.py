@@ -160,10 +160,20 @@ def _sample(directory: Path, manifest: dict) -> tuple[list[np.ndarray], dict[str
     return inputs, reference
 
 
+def check_remote_outputs(directory: Path, manifest: dict, remote: RemoteDevice) -> OutputCheck:
+    """Run the artifact's library on the device, over RPC, on its sample input; compare with the reference."""
+    from edgetune.fleet.session import remote_outputs
+
+    inputs, reference = _sample(directory, manifest)
+    outputs = dict(zip(manifest["model"]["outputs"], remote_outputs(remote, directory / LIBRARY_NAME, inputs)))
+    tolerance = manifest["verification"]
+    return compare_outputs(outputs, reference, tolerance["rtol"], tolerance["atol"])
+
+
 def _native_outputs(directory: Path, manifest: dict) -> dict[str, np.ndarray]:
     import tvm
 
-    from edgetune.compile import load_library, run
+    from edgetune.runtime import load_library, run
 
     device = tvm.device(manifest["target"]["device"], 0)
     inputs, _ = _sample(directory, manifest)
@@ -283,8 +293,6 @@ def _verify_archive(path: Path, remote: RemoteDevice | None, trusted_key: Ed2551
 def _run_checked(path: Path, manifest: dict, remote: RemoteDevice | None) -> VerifyReport:
     """The output check of an artifact whose files all match its manifest."""
     if remote is not None:
-        from edgetune.fleet.session import check_remote_outputs
-
         on_device = dataclasses.replace(remote, device=manifest["target"]["device"])
         return VerifyReport([], check_remote_outputs(path, manifest, on_device))
     from edgetune.package.deploy import missing_runner_hint, runner_for

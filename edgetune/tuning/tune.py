@@ -29,7 +29,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.measure_callback import MeasureCallback, PyMeasureCallback
 
-from edgetune.compile import use_cpu_threads
+from edgetune.runtime import use_cpu_threads
 from edgetune.errors import EdgetuneError
 from edgetune.fleet.endpoints import RemoteDevice
 from edgetune.profiles import Hardware

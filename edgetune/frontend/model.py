@@ -1,0 +1,65 @@
+"""What the import stage hands on: a model with concrete input shapes (ONNX graph or torch.export program),
+whichever frontend loaded it. No TVM and no frontend imports here, so every frontend can share it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
+
+
+def quiet(message: str) -> None:
+    """Where a model's notes go when nobody listens."""
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model with concrete input shapes, and the hash that keys every cache built from it: an ONNX graph
+    (`proto`), or a torch.export program (`program`, frontend/exported_program.py)."""
+
+    name: str
+    proto: onnx.ModelProto | None
+    inputs: tuple[ModelInput, ...]
+    output_names: tuple[str, ...]
+    sha256: str
+    index_limits: dict[str, int] = field(default_factory=dict)
+    """Integer inputs used as indices (token ids into an embedding): input name -> rows of the table."""
+    say: Callable[[str], None] = field(default=quiet, compare=False, repr=False)
+    """Receives the import's notes (conversions, rewrites, layout kept) for the build log."""
+    program: Any = field(default=None, compare=False, repr=False)
+    """The torch.export program, when the model is one."""
+
+    def sample_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Deterministic inputs, used both to verify against ONNX Runtime and to time the model.
+
+        Integer inputs are drawn below the table size they index (a token id past the vocabulary is
+        undefined behaviour, not a test), else from 0-9."""
+        rng = np.random.default_rng(seed)
+        samples = {}
+        for i in self.inputs:
+            if i.dtype.startswith("float"):
+                samples[i.name] = rng.standard_normal(i.shape).astype(i.dtype)
+            else:
+                samples[i.name] = rng.integers(0, self.index_limits.get(i.name, 10), i.shape).astype(i.dtype)
+        return samples
+
+
+def tvm_message(exc: BaseException) -> str:
+    """The meaningful line of a TVM error: the last one, without C++ check boilerplate."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else type(exc).__name__
+    if last.startswith("Check failed:") and ": " in last.partition(" is false")[2]:
+        last = last.partition(" is false")[2].lstrip(": ")
+    return last

@@ -1,0 +1,1 @@
+"""A corpus of small ONNX networks shaped like what real exporters produce (tests/models/corpus.py)."""

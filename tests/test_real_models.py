@@ -1,0 +1,302 @@
+"""What real exporters produce imports, builds untuned and verifies against ONNX Runtime.
+
+The corpus (tests/models/corpus.py) holds the quirks of published networks that once failed to build:
+Dropout (tuples in TVM), n-ary Sum (a 5-D stack), initializers listed as inputs, opset 7, symbolic
+dimensions, several inputs and outputs, int64 token ids with int and bool outputs, grouped convolutions,
+external weight files, Shape/Constant subgraphs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from conftest import run_edgetune
+from models.corpus import CORPUS_NAMES, CorpusModel, write_corpus
+
+from edgetune.frontend.onnx import load_model, prepare_for_import
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> dict[str, CorpusModel]:
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def _recipe(directory: Path, model: CorpusModel, input_shapes: dict | None) -> Path:
+    """A recipe building `model` untuned for this machine (JSON is YAML: names go in as data)."""
+    spec: dict = {"onnx": str(model.path)}
+    if input_shapes:
+        spec["input_shapes"] = input_shapes
+    recipe = {"name": model.name.replace("_", "-"), "model": spec, "fleet": [{"name": "host", "profile": "host"}],
+              "tuning": {"trials_per_task": 0, "in_model_candidates": 1}, "output": "out"}
+    path = directory / "recipe.yaml"
+    path.write_text(json.dumps(recipe))
+    return path
+
+
+def _ort(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+@pytest.mark.parametrize("name", ["dropout_bn", "sum_branches", "old_exporter", "token_transformer"])
+def test_rewrites_before_import_keep_the_output(corpus, name) -> None:
+    """Dropout removed, BatchNorm folded, Sum chained, old opset converted: ONNX Runtime gives the same output."""
+    model = load_model(zoo=None, onnx_path=corpus[name].path, input_shapes=corpus[name].input_shapes)
+    rewritten, notes = prepare_for_import(model.proto, model.name)
+    ops = {n.op_type for n in rewritten.graph.node}
+    assert not ops & {"Dropout", "BatchNormalization", "Sum", "Upsample"}
+    assert [i.name for i in rewritten.graph.input] == [i.name for i in model.inputs]
+    feeds = model.sample_inputs()
+    for ours, theirs in zip(_ort(rewritten, feeds), _ort(model.proto, feeds), strict=True):
+        assert ours.dtype == theirs.dtype
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+    if name == "sum_branches":  # the per-channel scale and shift went into the convolution
+        assert "Mul" not in ops and any("folded 2 per-channel Mul/Add/Sub/Div nodes" in n for n in notes)
+    if name == "old_exporter":
+        assert any("opset 7 converted to opset 13" in n for n in notes)
+        assert any("8 weights were also listed as graph inputs" in n for n in notes)
+
+
+def test_batchnorm_and_dropout_leave_no_kernel_of_their_own(corpus) -> None:
+    """Conv -> BatchNorm -> ReLU -> Dropout is one fused kernel (conv2d, bias add, relu), twice."""
+    from edgetune.frontend.onnx import fuse_for_tuning, to_relax
+    from edgetune.profiles import resolve_profile
+    from edgetune.tuning.tasks import extract_tasks
+
+    target = resolve_profile("host", None).tvm_target()
+    model = load_model(zoo=None, onnx_path=corpus["dropout_bn"].path, input_shapes=None)
+    names = [task.name for task in extract_tasks(fuse_for_tuning(to_relax(model), target), target)]
+    convolutions = [n for n in names if "conv2d" in n]
+    assert len(convolutions) == 2 and all("_add_relu" in n for n in convolutions), names
+    assert not [n for n in names if "batch_norm" in n or "dropout" in n or "divide" in n or "sqrt" in n], names
+
+
+def test_a_batchnorm_without_a_convolution_before_it_fuses_into_its_neighbours(corpus) -> None:
+    """Decomposed for inference, BatchNorm after a ReLU joins the convolution's kernel; no batch_norm kernel."""
+    from edgetune.frontend.onnx import fuse_for_tuning, to_relax
+    from edgetune.profiles import resolve_profile
+    from edgetune.tuning.tasks import extract_tasks
+
+    target = resolve_profile("host", None).tvm_target()
+    model = load_model(zoo=None, onnx_path=corpus["preactivation_bn"].path, input_shapes=None)
+    names = [task.name for task in extract_tasks(fuse_for_tuning(to_relax(model), target), target)]
+    assert not [n for n in names if "batch_norm" in n], names
+    assert [n for n in names if "conv2d" in n and "relu" in n and "multiply" in n], names
+
+
+def test_token_ids_are_sampled_inside_the_vocabulary(corpus) -> None:
+    model = load_model(zoo=None, onnx_path=corpus["token_transformer"].path, input_shapes={"ids": [1, 64]})
+    assert model.index_limits == {"ids": 40}
+    ids = model.sample_inputs()["ids"]
+    assert ids.dtype == np.int64 and ids.max() >= 10 and ids.max() < 40
+
+
+def test_a_symbolic_dimension_without_input_shapes_is_named(corpus, tmp_path) -> None:
+    run = run_edgetune("build", str(_recipe(tmp_path, corpus["symbolic_batch"], None)), cwd=tmp_path)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "recipe.yaml" in run.stderr and "input 'images'" in run.stderr and "input_shapes" in run.stderr
+    assert "Traceback" not in run.stderr and not (tmp_path / "out").exists()
+
+
+def test_an_op_without_importer_is_named_before_importing(tmp_path) -> None:
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Col2Im", ["x", "size", "block"], ["y"], name="fold_back")
+    graph = helper.make_graph([node], "col2im", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 9])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])],
+                              [helper.make_tensor("size", TensorProto.INT64, [2], [4, 4]),
+                               helper.make_tensor("block", TensorProto.INT64, [2], [2, 2])])
+    path = tmp_path / "col2im.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    model = CorpusModel("col2im", path)
+    run = run_edgetune("build", str(_recipe(tmp_path, model, None)), cwd=tmp_path)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "no conversion for the ONNX op Col2Im (node 'fold_back')" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_an_importer_failure_names_the_onnx_node_and_op(tmp_path) -> None:
+    """TopK with a k computed at run time: TVM's importer needs a constant; the error says where, in our words."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("TopK", ["x", "k"], ["values", "indices"], name="pick_best")], "topk",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8]),
+                               helper.make_tensor_value_info("k", TensorProto.INT64, [1])],
+                              [helper.make_tensor_value_info("values", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("indices", TensorProto.INT64, None)])
+    path = tmp_path / "topk.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    run = run_edgetune("build", str(_recipe(tmp_path, CorpusModel("topk", path), None)), cwd=tmp_path)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "TVM's ONNX importer failed on ONNX node 'pick_best' (op TopK): TopK k must be a constant" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CORPUS_NAMES)
+def test_each_corpus_model_builds_untuned_and_verifies(corpus, name, tmp_path) -> None:
+    """Only true inputs become the artifact's inputs, at the shapes given; the output matches ONNX Runtime."""
+    model = corpus[name]
+    run = run_edgetune("build", str(_recipe(tmp_path, model, model.input_shapes)), "--json", "summary.json",
+                       cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    host = json.loads((tmp_path / "summary.json").read_text())["targets"]["host"]
+    assert host["verified"] is True and host["verification"] == "matched"
+    artifact = Path(host["artifact_dir"])
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    graph = onnx.load(str(model.path), load_external_data=False).graph
+    weights = {t.name for t in graph.initializer}
+    assert [i["name"] for i in manifest["model"]["inputs"]] == [i.name for i in graph.input if i.name not in weights]
+    if model.input_shapes:
+        assert {i["name"]: i["shape"] for i in manifest["model"]["inputs"]} == model.input_shapes
+    if name == "dropout_mask":
+        assert "keeps its imported layout on CPU targets" in run.stdout and "relax.nn.dropout" in run.stdout
+    else:
+        assert "keeps its imported layout" not in run.stdout
+    if name == "token_transformer":
+        _assert_exact_integer_outputs(artifact)
+
+
+def _assert_exact_integer_outputs(artifact: Path) -> None:
+    """The argmax token (int64) and padding mask (bool) ship with their dtypes and match ONNX Runtime exactly."""
+    import tvm
+
+    from edgetune.runtime import load_library
+    from edgetune.runtime import run as run_library
+
+    with np.load(artifact / "sample_input.npz") as inputs, np.load(artifact / "reference_output.npz") as expected:
+        outputs = run_library(load_library(artifact / "model.so", tvm.cpu()), [inputs["ids"]], tvm.cpu())
+        assert expected["next_token"].dtype == np.int64 and expected["is_token"].dtype == np.bool_
+        assert outputs[1].dtype == np.int64 and outputs[2].dtype == np.bool_
+        np.testing.assert_array_equal(outputs[1], expected["next_token"])
+        np.testing.assert_array_equal(outputs[2], expected["is_token"])
+
+
+def test_load_model_names_each_symbolic_dimension(corpus) -> None:
+    from edgetune.errors import InputError
+
+    with pytest.raises(InputError, match=r"input 'images' has symbolic dimensions \['batch', 3, 8, 8\]"):
+        load_model(zoo=None, onnx_path=corpus["symbolic_batch"].path, input_shapes=None)
+
+
+def _has_torch() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+_EXPORT_SCRIPT = """
+import sys, torch
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.norm = torch.nn.BatchNorm2d(4)
+        self.drop = torch.nn.Dropout(0.3)
+        self.tokens = torch.nn.Embedding(50, 4)
+        self.head = torch.nn.Linear(4, 5)
+    def forward(self, image, ids):
+        features = self.drop(torch.relu(self.norm(self.conv(image)))).mean((2, 3))
+        logits = self.head(features + self.tokens(ids).mean(1))
+        return logits, logits.argmax(-1)
+torch.manual_seed(0)
+net = Net().eval()
+net.norm.running_mean.uniform_(-0.5, 0.5)
+net.norm.running_var.uniform_(0.5, 1.5)
+example = (torch.randn(1, 3, 8, 8), torch.zeros(1, 6, dtype=torch.int64))
+torch.export.save(torch.export.export(net, example), sys.argv[1])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _has_torch(), reason="PyTorch is not installed (pip install 'edgetune[torch]'): "
+                                             "the exported_program path is not tested here")
+def test_a_torch_export_program_builds_and_matches_pytorch(tmp_path) -> None:
+    """A program saved by torch.export.save (conv, batch norm, dropout, token ids into an embedding, a float and
+    an int64 output) builds and matches PyTorch; token ids are sampled inside the embedding table."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", _EXPORT_SCRIPT, str(tmp_path / "net.pt2")], check=True, timeout=300)
+    recipe = {"name": "exported", "model": {"exported_program": "net.pt2"},
+              "fleet": [{"name": "host", "profile": "host"}], "tuning": {"trials_per_task": 0}, "output": "out"}
+    (tmp_path / "recipe.yaml").write_text(json.dumps(recipe))
+    run = run_edgetune("build", "recipe.yaml", "--json", "summary.json", cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    host = json.loads((tmp_path / "summary.json").read_text())["targets"]["host"]
+    assert host["verified"] is True
+    manifest = json.loads((Path(host["artifact_dir"]) / "manifest.json").read_text())
+    assert manifest["model"]["inputs"] == [{"name": "image", "shape": [1, 3, 8, 8], "dtype": "float32"},
+                                           {"name": "ids", "shape": [1, 6], "dtype": "int64"}]
+    assert len(manifest["model"]["outputs"]) == 2
+    with np.load(Path(host["artifact_dir"]) / "sample_input.npz") as samples:
+        assert samples["ids"].max() >= 10 and samples["ids"].max() < 50
+
+
+@pytest.mark.skipif(_has_torch(), reason="PyTorch is installed: the error for its absence cannot occur")
+def test_without_torch_an_exported_program_recipe_names_the_extra(tmp_path) -> None:
+    (tmp_path / "net.pt2").write_bytes(b"not checked before torch is imported")
+    recipe = {"name": "exported", "model": {"exported_program": "net.pt2"},
+              "fleet": [{"name": "host", "profile": "host"}], "tuning": {"trials_per_task": 0}, "output": "out"}
+    (tmp_path / "recipe.yaml").write_text(json.dumps(recipe))
+    run = run_edgetune("build", "recipe.yaml", cwd=tmp_path)
+    assert run.returncode == 2 and 'pip install "edgetune[torch]"' in run.stderr, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_an_unreadable_exported_program_is_an_input_error(tmp_path) -> None:
+    if not _has_torch():
+        pytest.skip("PyTorch is not installed: reading a .pt2 file stops at the missing extra")
+    (tmp_path / "net.pt2").write_bytes(b"this is not a torch.export archive")
+    recipe = {"name": "exported", "model": {"exported_program": "net.pt2"},
+              "fleet": [{"name": "host", "profile": "host"}], "tuning": {"trials_per_task": 0}, "output": "out"}
+    (tmp_path / "recipe.yaml").write_text(json.dumps(recipe))
+    run = run_edgetune("build", "recipe.yaml", cwd=tmp_path)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "not a readable torch.export program" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_missing_exported_program_is_named_in_the_recipe(tmp_path) -> None:
+    recipe = {"name": "exported", "model": {"exported_program": "absent.pt2"},
+              "fleet": [{"name": "host", "profile": "host"}], "tuning": {"trials_per_task": 0}, "output": "out"}
+    (tmp_path / "recipe.yaml").write_text(json.dumps(recipe))
+    run = run_edgetune("build", "recipe.yaml", cwd=tmp_path)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "model.exported_program" in run.stderr and "absent.pt2" in run.stderr
+    assert "Traceback" not in run.stderr and not (tmp_path / "out").exists()
+
+
+def test_shape_and_constant_subgraphs_fold_away(corpus) -> None:
+    """Flatten written as Shape -> Gather -> Unsqueeze -> Concat -> Reshape leaves no kernel of its own."""
+    from edgetune.frontend.onnx import fuse_for_tuning, to_relax
+    from edgetune.profiles import resolve_profile
+    from edgetune.tuning.tasks import extract_tasks
+
+    target = resolve_profile("host", None).tvm_target()
+    model = load_model(zoo=None, onnx_path=corpus["shape_subgraph"].path, input_shapes=None)
+    names = [task.name for task in extract_tasks(fuse_for_tuning(to_relax(model), target), target)]
+    assert not [n for n in names if any(op in n for op in ("shape_of", "concat", "take", "expand_dims"))], names
+
+
+def test_variadic_ops_become_chains_of_two_input_ops_with_the_same_output() -> None:
+    """Sum of one input, Mean of three, Max of four: TVM would stack them into a tensor of one more dimension."""
+    from onnx import TensorProto, helper
+
+    from edgetune.frontend.simplify import simplify_for_inference
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 2, 2])
+    nodes = [helper.make_node("Sum", ["x"], ["a"]), helper.make_node("Mean", ["a", "x", "a"], ["b"]),
+             helper.make_node("Max", ["b", "x", "a", "b"], ["c"]), helper.make_node("Min", ["c", "x"], ["y"])]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 2, 2])
+    graph = helper.make_graph(nodes, "variadic", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    rewritten, notes = simplify_for_inference(model)
+    assert [n.op_type for n in rewritten.graph.node] == ["Identity", "Add", "Add", "Div", "Max", "Max", "Max", "Min"]
+    assert notes == ["wrote 3 n-ary Sum/Max/Min/Mean nodes as chains of two-input ops"]
+    feeds = {"x": np.random.default_rng(0).standard_normal([1, 4, 2, 2]).astype(np.float32)}
+    np.testing.assert_allclose(_ort(rewritten, feeds)[0], _ort(model, feeds)[0], rtol=1e-6)
