@@ -359,7 +359,7 @@ def _build_target(
         },
         "latency_ms": latency,
         "measured_on": measured_on,
-        "verification": {"reference": "onnxruntime", "rtol": recipe.verify.rtol, "atol": recipe.verify.atol},
+        "verification": {"reference": reference.name, "rtol": recipe.verify.rtol, "atol": recipe.verify.atol},
     }
     emit(Event(target.name, "verifying the packaged artifact against ONNX Runtime"))
     manifest["verification"].update(_verify_shipped(artifact_dir, manifest, toolchain, runtime_dir, remote))

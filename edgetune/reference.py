@@ -19,6 +19,11 @@ class ReferenceRuntime:
         self._inputs = [i.name for i in model.inputs]
         self._outputs = list(model.output_names)
 
+    @property
+    def name(self) -> str:
+        """What the artifact's output is checked against, as the manifest names it."""
+        return "pytorch" if self._program is not None else "onnxruntime"
+
     def _runner(self, threads: int) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
         if self._program is not None:
             from edgetune.frontend.exported_program import program_runner
