@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from edgetune.frontend.winograd import WinogradPolicy
     from edgetune.profiles import resolve_profile
-    from edgetune.tuning.records import RecordStore
+    from edgetune.tuning.database.store import RecordStore
     from edgetune.tuning.tasks import TuningTask
     from edgetune.tuning.tune import TuningPlan, tune
 

@@ -112,8 +112,8 @@ def tune_once(system: str, mod, profile, trials: int, per_iter: int, seed: int) 
     from tvm.s_tir.meta_schedule.measure_callback import MeasureCallback, PyMeasureCallback
 
     from edgetune.tuning.builder import create_builder
-    from edgetune.tuning.cost_model import RankingCostModel
-    from edgetune.tuning.draft_verify import DraftVerifySearch
+    from edgetune.tuning.cost_model.ranking import RankingCostModel
+    from edgetune.tuning.search_strategy.draft_verify import DraftVerifySearch
 
     cores = profile.hardware.cores or 1
     run = Run(system, seed)
@@ -176,7 +176,7 @@ def draft_cost_ratio(mod, profile, seed: int, candidates: int = 96) -> dict[str,
     from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 
     from edgetune.tuning.analyzer import SpaceModel, make_analyzer
-    from edgetune.tuning.cost_model import RankingCostModel
+    from edgetune.tuning.cost_model.ranking import RankingCostModel
 
     target = profile.tvm_target()
     context = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply",

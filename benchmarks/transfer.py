@@ -59,8 +59,8 @@ def tune_run(task, store_dir: Path, trials: int, search: str, seed: int,
     import tvm.s_tir.tensor_intrin  # noqa: F401  (paid before timing: a one-time import of 10 s or more)
 
     from edgetune.profiles import load_profile
-    from edgetune.tuning.records import RecordStore
-    from edgetune.tuning.transfer import load_sibling_records
+    from edgetune.tuning.database.store import RecordStore
+    from edgetune.tuning.transfer.siblings import load_sibling_records
     from edgetune.tuning.tune import TuningPlan, tune
 
     profile = load_profile("host")

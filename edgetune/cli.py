@@ -40,8 +40,11 @@ def _fail(exc: EdgetuneError) -> None:
 
 @app.command()
 def build(
-    recipe: Annotated[Optional[Path], typer.Argument(
-        help="The recipe YAML file; left out, the default recipe: ResNet-18 for this machine, into ./build.",
+    recipes: Annotated[Optional[list[Path]], typer.Argument(
+        metavar="RECIPE",
+        help="The recipe YAML file; left out, the default recipe: ResNet-18 for this machine, into ./build. "
+             "Several recipes form a release: every one is checked first, then all are built, with one "
+             "release.json and release.html in --release-dir.",
         show_default=False)] = None,
     target: Annotated[Optional[list[str]], typer.Option("--target", "-t", help="Build only this target (repeatable).")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the machine-readable summary here.")] = None,
@@ -59,8 +62,19 @@ def build(
         "--sign-key", metavar="KEY",
         help="Sign each artifact's manifest with this Ed25519 private key (PEM or 32 raw bytes; make one with "
              "`edgetune keygen`): writes manifest.sig, checked by `edgetune verify --trust KEY.pub`.")] = None,
+    workers: Annotated[Optional[str], typer.Option(
+        "--workers", metavar="local:N|ray://HEAD:PORT",
+        help="Build each (recipe, target) as a unit of work on N local worker processes (a local Ray when Ray is "
+             "installed), or on a Ray cluster. Output and records directories must be shared by every worker.")] = None,
+    release_dir: Annotated[Optional[Path], typer.Option(
+        "--release-dir", metavar="DIR",
+        help="Where a release writes release.json and release.html (default: ./release).")] = None,
 ) -> None:
-    """Tune, compile, package and verify every target of RECIPE."""
+    """Tune, compile, package and verify every target of RECIPE (of every RECIPE: a release)."""
+    if len(recipes or []) > 1 or workers is not None or release_dir is not None:
+        _build_release(recipes or [], target, json_path, rpc_tracker or rpc_key, records_dir, strict, sign_key,
+                       workers, release_dir)
+    recipe = recipes[0] if recipes else None
     from edgetune.fleet.endpoints import override_connection
     from edgetune.recipe import load_default_recipe, load_recipe
 
@@ -87,6 +101,49 @@ def build(
         json_path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
     tuning_failed = any(t.tuning_failed for t in result.targets.values())
     raise typer.Exit(0 if result.ok and not (strict and tuning_failed) else 1)
+
+
+def _build_release(recipes: list[Path], target: list[str] | None, json_path: Path | None, rpc: str | None,
+                   records_dir: Path | None, strict: bool, sign_key: Path | None, workers: str | None,
+                   release_dir: Path | None) -> None:
+    """Several recipes, or any with --workers: check them all, build them all, one summary and exit code."""
+    from edgetune.release import DEFAULT_RELEASE_DIR, load_release, run_release, write_release
+    from edgetune.workers import parse_workers
+
+    release_dir = release_dir if release_dir is not None else DEFAULT_RELEASE_DIR
+    try:
+        if rpc is not None:
+            raise InputError("--rpc-tracker/--rpc-key set one target's connection: build a single recipe for that")
+        if records_dir is not None and records_dir.exists() and not records_dir.is_dir():
+            raise InputError(f"--records-dir {records_dir}: exists and is not a directory; expected a directory")
+        spec = parse_workers(workers) if workers is not None else None
+        items = load_release(recipes, target, release_dir, sign_key)
+        out.print(f"release: {sum(len(i.only or i.recipe.fleet) for i in items)} targets of {len(items)} recipes, "
+                  f"workers: {spec.text if spec else 'serial, in this process'}", markup=False, soft_wrap=True)
+        with _ProgressView(out) as progress:
+            release = run_release(items, spec, records_dir, sign_key, progress, _print_unit)
+        files = write_release(release, release_dir, strict)
+    except EdgetuneError as exc:
+        _fail(exc)
+    except KeyboardInterrupt:
+        err.print("interrupted: every committed measurement is kept; run the same command again to resume")
+        raise typer.Exit(130) from None
+    for item in release.recipes:
+        if item.result is not None:
+            _print_summary(item.result)
+        if item.error:
+            err.print(f"[bold red]error:[/] {escape(item.file)}: {escape(item.error)}", soft_wrap=True)
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(release.to_json(strict), indent=2) + "\n")
+    out.print(f"release: {release.wall_s:.1f} s; " + ", ".join(str(f) for f in files), markup=False, soft_wrap=True)
+    raise typer.Exit(release.exit_code(strict))
+
+
+def _print_unit(recipe: str, target: str, outcome) -> None:
+    state = f"failed: {outcome.error}" if outcome.error else "done"
+    retried = f" (run {outcome.attempts} times: its worker was lost)" if outcome.attempts > 1 else ""
+    out.print(f"[{recipe}/{target}] {state}{retried}", markup=False, soft_wrap=True)
 
 
 class _ProgressView:
@@ -411,7 +468,7 @@ def records_export(
 ) -> None:
     """Write the record stores of RECIPE's targets into one reproducible archive."""
     from edgetune.pipeline import record_locations
-    from edgetune.tuning.records import export_stores
+    from edgetune.tuning.database.exchange import export_stores
 
     try:
         locations = record_locations(_fleet_recipe(recipe), target, records_dir)
@@ -437,7 +494,7 @@ def records_import(
 ) -> None:
     """Merge ARCHIVE's record stores into RECIPE's records directory; nothing local is removed."""
     from edgetune.pipeline import record_locations
-    from edgetune.tuning.records import import_stores
+    from edgetune.tuning.database.exchange import import_stores
 
     try:
         locations = record_locations(_fleet_recipe(recipe), None, records_dir)
@@ -455,7 +512,7 @@ def records_import(
 @records_app.command("check")
 def records_check(recipe: RecipeArg, records_dir: RecordsDirOption = None) -> None:
     """List the damaged lines (file:line) of RECIPE's record stores; exit 1 if any, 0 if all are intact."""
-    from edgetune.tuning.records import scan_store
+    from edgetune.tuning.database.store import scan_store
 
     damaged = []
     for name, location in _record_locations(recipe, records_dir).items():
@@ -477,7 +534,7 @@ def records_check(recipe: RecipeArg, records_dir: RecordsDirOption = None) -> No
 @records_app.command("repair")
 def records_repair(recipe: RecipeArg, records_dir: RecordsDirOption = None) -> None:
     """Rewrite each damaged store of RECIPE without its damaged lines, keeping each original file as a backup."""
-    from edgetune.tuning.records import repair_store
+    from edgetune.tuning.database.store import repair_store
 
     for name, location in _record_locations(recipe, records_dir).items():
         if not location.exists():

@@ -8,10 +8,17 @@ without one is ever deleted, emptied or replaced.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 MARKER_NAME = ".edgetune-owned"
 """Written into every directory edgetune creates and may later replace; left out of archives and manifests."""
+
+
+def cache_dir() -> Path:
+    """Where edgetune keeps what it downloads or builds once for many builds (runtime libraries, board root
+    file systems, fleet state): $EDGETUNE_CACHE, else ~/.cache/edgetune."""
+    return Path(os.environ.get("EDGETUNE_CACHE", Path.home() / ".cache" / "edgetune"))
 
 
 def mark_owned(directory: Path) -> None:

@@ -26,8 +26,8 @@ from tvm.s_tir.meta_schedule.relax_integration import extract_tasks as ms_extrac
 from edgetune.compile import compile_model
 from edgetune.frontend.onnx import fuse_for_tuning
 from edgetune.frontend.winograd import WinogradPolicy
-from edgetune.tuning.cost_model import FAILED, mean_seconds
-from edgetune.tuning.records import commit_record
+from edgetune.tuning.database.store import commit_record
+from edgetune.tuning.measurements import FAILED, mean_seconds
 from edgetune.tuning.tasks import MODULE_EQUALITY
 
 _PREPACKED = "_prepacked"

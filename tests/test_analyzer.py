@@ -166,7 +166,7 @@ def test_draft_model_is_at_least_20x_cheaper_than_the_learned_model():
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
     from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 
-    from edgetune.tuning.cost_model import RankingCostModel
+    from edgetune.tuning.cost_model.ranking import RankingCostModel
 
     mod = conv2d()
     ctx = context(mod, "host")

@@ -9,9 +9,10 @@ import tvm
 from tvm import te
 
 from edgetune.tuning import tune as tune_module
-from edgetune.tuning.records import RecordStore
+from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.tasks import TuningTask
-from edgetune.tuning.tune import TaskOutcome, TuningPlan, next_round, trials_that_fit, tune
+from edgetune.tuning.task_scheduler import TaskOutcome, next_round, trials_that_fit
+from edgetune.tuning.tune import TuningPlan, tune
 
 
 def _task(name: str, n: int, weight: int) -> TuningTask:

@@ -14,9 +14,9 @@ from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 
 from edgetune.profiles import load_profile
 from edgetune.tuning.analyzer import SpaceModel
-from edgetune.tuning.cost_model import RankingCostModel
-from edgetune.tuning.draft_verify import DraftVerifySearch, SearchCounts
-from edgetune.tuning.records import RecordStore
+from edgetune.tuning.cost_model.ranking import RankingCostModel
+from edgetune.tuning.database.store import RecordStore
+from edgetune.tuning.search_strategy.draft_verify import DraftVerifySearch, SearchCounts
 from edgetune.tuning.tune import TuningPlan
 
 
@@ -210,7 +210,8 @@ def test_an_analyzer_that_scores_nothing_hands_the_task_to_evolutionary_search()
 
 def test_degenerate_extents_and_estimates_are_guarded():
     from edgetune.tuning.analyzer.space import Sym, UnsupportedSpace, perfect_tilings
-    from edgetune.tuning.draft_verify import log_latency, rank
+    from edgetune.tuning.cost_model.ranking import rank
+    from edgetune.tuning.search_strategy.draft_verify import log_latency
 
     with pytest.raises(UnsupportedSpace):
         perfect_tilings(0, 2, 0)
@@ -223,7 +224,7 @@ def test_degenerate_extents_and_estimates_are_guarded():
 
 def test_zero_and_failed_run_times_train_no_nan():
     """A kernel timed at 0 s must not make a label 0/0; a task whose every run failed trains nothing."""
-    from edgetune.tuning.cost_model import ranking_data
+    from edgetune.tuning.cost_model.ranking import ranking_data
 
     rows, labels, sizes = ranking_data({"t": ([np.ones(3), np.zeros(3)], [0.0, 1e-3])})
     assert np.isfinite(labels).all() and labels[0] == 1.0 and sizes == [2]

@@ -212,7 +212,7 @@ def test_runner_retries_a_hung_server_elsewhere_and_names_a_lost_key(tracker_wit
 def test_tuning_stops_naming_a_lost_key_keeps_its_records_and_resumes(tracker_with_two_servers, tmp_path) -> None:
     from edgetune.frontend.onnx import fuse_for_tuning, load_model, to_relax
     from edgetune.profiles import resolve_profile
-    from edgetune.tuning.records import RecordStore
+    from edgetune.tuning.database.store import RecordStore
     from edgetune.tuning.remote import DeviceLost
     from edgetune.tuning.tasks import extract_tasks
     from edgetune.tuning.tune import TuningPlan, tune

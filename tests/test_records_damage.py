@@ -14,11 +14,11 @@ import pytest
 from conftest import run_edgetune
 from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord, Workload
 
-from edgetune.tuning.records import RECORD_FILE, WORKLOAD_FILE, RecordStore, commit_record, scan_store
+from edgetune.tuning.database.store import RECORD_FILE, WORKLOAD_FILE, RecordStore, commit_record, scan_store
 
 
 def _store_of(build_dir: Path) -> Path:
-    [store] = (build_dir / "out" / "tiny" / "records").iterdir()
+    [store] = [p for p in (build_dir / "out" / "tiny" / "records").iterdir() if p.is_dir()]  # not the marker
     return store
 
 

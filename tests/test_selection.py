@@ -11,7 +11,7 @@ from tvm.s_tir.meta_schedule.database import TuningRecord
 from edgetune.frontend.onnx import fuse_for_tuning, load_model, to_relax
 from edgetune.profiles import load_profile
 from edgetune.selection import select_schedules
-from edgetune.tuning.records import RecordStore
+from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.tasks import extract_tasks
 
 

@@ -17,7 +17,10 @@ LAYERS = [
     {"compile", "cuda_precompile", "selection"},  # stage: compile
     {"package"},  # stages: package, verify
     {"report"},
+    {"build"},  # one target's context and its stages in order
     {"pipeline"},
+    {"workers"},  # where a release's units run: a process pool or Ray
+    {"release"},  # several recipes: one summary, one exit code
     {"cli", "__main__"},
 ]
 """Each top-level module or folder of edgetune/, by layer: a module may import its own layer and those above."""

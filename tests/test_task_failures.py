@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgetune.tuning.tune import TaskOutcome, trials_that_fit
+from edgetune.tuning.task_scheduler import TaskOutcome, trials_that_fit
 
 RECIPE = """\
 name: failing
@@ -62,7 +62,7 @@ def failing_search(task_marker: str):
     the search's own code is real."""
     from tvm.ir.utils import derived_object
 
-    from edgetune.tuning.draft_verify import DraftVerifySearch
+    from edgetune.tuning.search_strategy.draft_verify import DraftVerifySearch
 
     @derived_object
     class FailsOnOneTask(DraftVerifySearch._cls):
@@ -84,7 +84,7 @@ def failing_search(task_marker: str):
 
 
 def committed(directory: Path) -> int:
-    from edgetune.tuning.records import RecordStore
+    from edgetune.tuning.database.store import RecordStore
 
     (store,) = directory.glob("records/host-*")
     return sum(RecordStore(store).measured_counts().values())
@@ -96,13 +96,13 @@ def test_a_task_whose_tuning_raises_keeps_the_build_verified(tmp_path, monkeypat
     a warning, the artifact verified, the other tasks tuned, every committed record counted; --strict: 1."""
     from typer.testing import CliRunner
 
-    import edgetune.tuning.tune as tune_module
+    import edgetune.tuning.search_strategy as search_strategy_module
     from edgetune.cli import app
 
     small_model(tmp_path / "model.onnx")
     (tmp_path / "recipe.yaml").write_text(RECIPE)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(tune_module, "DraftVerifySearch", failing_search("conv2d"))
+    monkeypatch.setattr(search_strategy_module, "DraftVerifySearch", failing_search("conv2d"))
 
     run = CliRunner().invoke(app, ["build", "recipe.yaml", "--json", "summary.json"])
     assert run.exit_code == 0, run.output

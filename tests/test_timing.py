@@ -9,7 +9,7 @@ from tvm.s_tir.meta_schedule.builder import BuilderInput
 from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner, RunnerInput
 
 from edgetune.tuning.builder import create_builder
-from edgetune.tuning.cost_model import mean_seconds
+from edgetune.tuning.measurements import mean_seconds
 from edgetune.tuning.tune import timing
 
 _WEIGHT_FLOATS = 32 << 10  # 128 KB: warm, all three buffers sit in a core's L2; cold, they come from memory

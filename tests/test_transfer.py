@@ -13,9 +13,11 @@ from tvm.s_tir.meta_schedule.runner import RunnerResult
 from edgetune.pipeline import order_fleet, record_stores
 from edgetune.profiles import resolve_profile
 from edgetune.recipe import load_recipe_text
-from edgetune.tuning.cost_model import RankingCostModel
-from edgetune.tuning.records import RecordStore, export_stores, import_stores
-from edgetune.tuning.transfer import SiblingRecords, TransferCostModel, TransferStats, spearman
+from edgetune.tuning.cost_model.ranking import RankingCostModel
+from edgetune.tuning.cost_model.transfer import TransferCostModel, spearman
+from edgetune.tuning.database.exchange import export_stores, import_stores
+from edgetune.tuning.database.store import RecordStore
+from edgetune.tuning.transfer.siblings import SiblingRecords, TransferStats
 
 FLEET = """\
 name: fleet
@@ -176,7 +178,7 @@ def test_first_batch_with_a_siblings_records_beats_a_scratch_first_batch(tmp_pat
 
     from edgetune.profiles import load_profile
     from edgetune.tuning.tasks import TuningTask
-    from edgetune.tuning.transfer import load_sibling_records
+    from edgetune.tuning.transfer.siblings import load_sibling_records
     from edgetune.tuning.tune import TuningPlan, tune
 
     data = te.placeholder((1, 64, 28, 28), name="data")

@@ -157,7 +157,7 @@ def test_a_tuned_winograd_kernel_compiles_into_a_model_that_matches_onnx_runtime
     from edgetune.compile import compile_model
     from edgetune.runtime import run
     from edgetune.reference import ReferenceRuntime
-    from edgetune.tuning.records import RecordStore
+    from edgetune.tuning.database.store import RecordStore
     from edgetune.tuning.tune import TuningPlan, tune
 
     profile = resolve_profile("host", None)

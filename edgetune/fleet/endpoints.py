@@ -29,6 +29,8 @@ class RemoteDevice:
     """The C compiler (cross, for another architecture) that links candidates into shared objects."""
     device: str = "cpu"
     """TVM's device type on the board: "cpu", "cuda", "opencl"."""
+    emulated: bool = False
+    """The key is served by a board `edgetune fleet up --emulate` runs under qemu on this machine."""
 
     @property
     def tracker(self) -> str:
@@ -36,8 +38,22 @@ class RemoteDevice:
 
     @property
     def where(self) -> str:
-        """How the manifest names the place of a measurement."""
+        """How the manifest names the place of a measurement (an emulated board's times are not the device's)."""
+        if self.emulated:
+            return f"rpc key {self.key} via {self.tracker}, {EMULATED_NOTE}"
         return f"rpc key {self.key} via {self.tracker}"
+
+
+EMULATED_NOTE = "an emulated board (qemu-aarch64 on the build machine): latencies measured there are not the device's"
+
+
+def device_summary(arch: str, remote: RemoteDevice | None) -> dict:
+    """The summary's `device` of a target: where it ran, how it was reached, and whether it was emulated."""
+    summary = {"arch": arch, "via": "rpc" if remote else "local", "emulated": bool(remote and remote.emulated),
+               "key": remote.key if remote else None}
+    if summary["emulated"]:
+        summary["note"] = EMULATED_NOTE
+    return summary
 
 
 def tracker_address(recipe: Recipe, target: FleetTarget) -> str | None:
@@ -61,8 +77,11 @@ def remote_device(recipe: Recipe, target: FleetTarget, device: str, compiler: Pa
         return None
     spec = target.connection.rpc or target.connection.ssh
     assert spec is not None
+    from edgetune.fleet.emulated import serves_emulated
+
     host, _, port = address.rpartition(":")
-    return RemoteDevice(host, int(port), spec.key, spec.timeout_s, str(compiler), device)
+    emulated = serves_emulated(address, spec.key)
+    return RemoteDevice(host, int(port), spec.key, spec.timeout_s, str(compiler), device, emulated)
 
 
 def override_connection(recipe: Recipe, only: list[str] | None, tracker: str | None, key: str | None) -> Recipe:

@@ -17,8 +17,10 @@ from pathlib import Path
 import psutil
 
 
-def start_detached(argv: list[str], pid_file: Path, log_file: Path) -> subprocess.Popen:
-    """Start `argv` in a new session, output appended to `log_file`; its pid goes to `pid_file`.
+def start_detached(argv: list[str], pid_file: Path, log_file: Path,
+                   env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start `argv` in a new session (environment `env`, or this one's), output appended to `log_file`; its pid
+    goes to `pid_file`.
 
     Wait on the returned process while it starts up: until it has exec'd, its command line is still
     the starter's, so `running_pid` cannot recognise it yet.
@@ -26,7 +28,7 @@ def start_detached(argv: list[str], pid_file: Path, log_file: Path) -> subproces
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("ab") as log:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True, close_fds=True)
+                                   start_new_session=True, close_fds=True, env=env)
     pid_file.write_text(f"{process.pid}\n")
     return process
 

@@ -92,7 +92,27 @@ def write_artifact_files(
     reference_outputs: dict[str, np.ndarray],
     template_context: dict[str, Any],
 ) -> None:
-    """Everything but the manifest (which comes last) written beside `directory`, then swapped in.
+    """Everything but the manifest written beside `directory`, then swapped in (see `stage_artifact`)."""
+    staging = stage_artifact(directory, library=library, sample_inputs=sample_inputs,
+                             reference_outputs=reference_outputs, template_context=template_context)
+    try:
+        replace_owned_directory(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def stage_artifact(
+    directory: Path,
+    *,
+    library: Path,
+    sample_inputs: dict[str, np.ndarray],
+    reference_outputs: dict[str, np.ndarray],
+    template_context: dict[str, Any],
+) -> Path:
+    """A marked sibling of `directory` holding everything but the manifest; the build completes it (runtime,
+    manifest, signature) and only then puts it in place with `replace_owned_directory`, so the final name
+    never holds a half-written artifact.
 
     An existing `directory` is replaced only when edgetune made it (it carries the ownership marker);
     anything else is an InputError naming it, with nothing touched."""
@@ -103,10 +123,10 @@ def write_artifact_files(
         staging.chmod(0o755)
         mark_owned(staging)
         _fill_artifact(staging, library, sample_inputs, reference_outputs, template_context)
-        replace_owned_directory(staging, directory)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    return staging
 
 
 def _fill_artifact(directory: Path, library: Path, sample_inputs: dict[str, np.ndarray],

@@ -7,7 +7,6 @@ cache (`$EDGETUNE_CACHE`, default `~/.cache/edgetune`), since PyPI carries them 
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 
 from edgetune.errors import BuildError
-from edgetune.ownership import mark_owned
+from edgetune.ownership import cache_dir, mark_owned
 from edgetune.package.artifact import refuse_foreign, replace_owned_directory
 from edgetune.profiles import machine_isa
 
@@ -36,10 +35,6 @@ class RuntimeFiles:
     lib_dir: Path  # holds LIBRARIES
     include_dir: Path  # tvm/ffi/*.h and dlpack/, the headers a deploy program compiles against
     versions: dict[str, str]
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("EDGETUNE_CACHE", Path.home() / ".cache" / "edgetune"))
 
 
 def runtime_files(arch: str) -> RuntimeFiles:

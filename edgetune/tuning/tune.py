@@ -2,10 +2,8 @@
 
 Each task gets `trials_per_task` measurements in total across builds: what the target's record
 store already holds counts, so re-running a finished build measures nothing. One cost model is
-shared by all tasks of a target (as in `tune_tasks`). Under a time budget, after a short first pass
-over every task, each round goes to the task expected to save the model the most latency per second
-of tuning (Ansor's task scheduler), so the budget is spent where the model spends its time; a task
-that stopped improving waits until no improving task is left.
+shared by all tasks of a target (as in `tune_tasks`). Which task is tuned next, and for how many
+trials, is the task scheduler's (`task_scheduler.py`); each of its rounds is one `tune_tasks` call here.
 
 A task whose tuning raises keeps what it measured (its best schedule so far, or none: the untuned
 one), is marked `tuning_failed`, and the other tasks go on: one kernel TVM cannot search must not
@@ -15,7 +13,6 @@ throw away the model's other kernels. Ctrl-C still stops everything (TuningInter
 from __future__ import annotations
 
 import logging
-import math
 import signal
 import threading
 import time
@@ -29,38 +26,24 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.measure_callback import MeasureCallback, PyMeasureCallback
 
-from edgetune.runtime import use_cpu_threads
 from edgetune.errors import EdgetuneError
 from edgetune.fleet.endpoints import RemoteDevice
 from edgetune.profiles import Hardware
+from edgetune.runtime import use_cpu_threads
+from edgetune.tuning import search_strategy
 from edgetune.tuning.builder import create_builder
-from edgetune.tuning.cost_model import RankingCostModel
-from edgetune.tuning.draft_verify import DraftVerifySearch, SearchCounts
+from edgetune.tuning.cost_model.ranking import RankingCostModel
+from edgetune.tuning.cost_model.transfer import TransferCostModel, TransferMode
+from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.intrinsics import register_tensor_intrinsics
-from edgetune.tuning.records import RecordStore
 from edgetune.tuning.remote import DeviceLost, RetryingRPCRunner, shared_object_export
+from edgetune.tuning.search_strategy.draft_verify import SearchCounts
+from edgetune.tuning.search_strategy.seeded import SeededSearch
+from edgetune.tuning.task_scheduler import MAX_TRIALS_PER_ROUND, TaskOutcome, TaskScheduler
 from edgetune.tuning.tasks import TuningTask
-from edgetune.tuning.transfer import SeededSearch, SiblingRecords, TransferCostModel, TransferMode, TransferStats
+from edgetune.tuning.transfer.siblings import SiblingRecords, TransferStats
 
 logger = logging.getLogger(__name__)
-
-_MAX_TRIALS_PER_ROUND = 64  # MetaSchedule's default num_trials_per_iter
-_FIRST_PASS_TRIALS = 8
-_POPULATION_PER_TRIAL = 8  # MetaSchedule's defaults: a population of 512 for 64 trials per round
-_MIN_POPULATION = 64
-_OBSERVED_SHARE = 0.2  # Ansor's alpha: the last round's observed gain against the optimistic estimate
-_MIN_GAIN = 0.01  # a round that lowers a task's best by less is within this machine's timing noise
-
-
-def _round_done_at(trials: int) -> int:
-    """Under a budget a round is done at 7/8 of its trials: MetaSchedule's search now and then returns a
-    candidate or two fewer than asked, and a second iteration for those would evolve a whole population
-    again (a minute on a Winograd convolution)."""
-    return trials - trials // 8
-
-
-# two full rounds: in our builds' logs tasks often gained again after one round without a gain, never after two
-_STALL_TRIALS = 2 * _round_done_at(_MAX_TRIALS_PER_ROUND)
 
 
 @dataclass(frozen=True)
@@ -92,37 +75,6 @@ class TaskProgress:
     trials_planned: int
     best_us: float | None
     elapsed_s: float  # since tuning of this target began
-
-
-@dataclass
-class TaskOutcome:
-    name: str
-    weight: int
-    flops: float
-    trials_before: int  # records the store held when this build started
-    trials_measured: int  # measured by this build
-    best_us: float | None
-    skipped_for_budget: bool = False
-    space_exhausted: bool = False  # the search ran out of schedules it had not measured
-    tuning_s: float = 0.0  # spent tuning this task in this build, all rounds
-    last_round_s: float = 0.0  # how long its latest round took
-    last_round_gain_us: float = 0.0  # how much its latest round lowered its best latency
-    trials_since_gain: int = 0  # measured in this build since a round last lowered its best by 1%
-    search: SearchCounts = field(default_factory=SearchCounts)  # draft-verify's candidates per stage
-    tuning_failed: str | None = None  # "<ExcType>: <message>" of the exception that ended its tuning
-
-    @property
-    def gflops(self) -> float | None:
-        return self.flops / self.best_us / 1e3 if self.best_us and self.best_us > 0 else None
-
-    def finish_round(self, best_us: float | None, measured: int, seconds: float) -> None:
-        """What the scheduler learns from a round: its pace, its gain, and whether the task still improves."""
-        before, self.best_us, self.last_round_s = self.best_us, best_us, seconds
-        if before is None or best_us is None:
-            self.last_round_gain_us, self.trials_since_gain = 0.0, 0
-            return
-        self.last_round_gain_us = before - best_us
-        self.trials_since_gain = 0 if best_us < before * (1 - _MIN_GAIN) else self.trials_since_gain + measured
 
 
 @dataclass
@@ -198,29 +150,12 @@ class _ReportProgress(PyMeasureCallback):
             raise TuningInterrupted("stop requested")
 
 
-def _evolutionary_search(round_trials: int):
-    """MetaSchedule's stock search with its population sized to the round it picks for.
-
-    Each round evolves the whole population whatever it measures (~40 s at TVM's 512 on a Winograd
-    convolution here, against ~10 s to build and measure 8 candidates), so a round of 8 trials, as
-    in the first pass over a model's tasks, evolves 64 instead: TVM's ratio of 512 for 64."""
-    population = max(_MIN_POPULATION, min(512, _POPULATION_PER_TRIAL * round_trials))
-    return ms.search_strategy.EvolutionarySearch(population_size=population,
-                                                 init_min_unmeasured=min(50, population))
-
-
 def _search_strategy(plan: TuningPlan, counts: SearchCounts, cost_model, stats: TransferStats | None,
                      round_trials: int):
     """The recipe's search; with sibling records, their best schedules are measured first."""
-    if plan.search == "evolutionary":
-        strategy = _evolutionary_search(round_trials)
-    elif plan.search == "draft-verify":
-        if plan.hardware is None:
-            raise ValueError("draft-verify search needs the device profile's hardware numbers")
-        prior = cost_model if isinstance(cost_model, TransferCostModel) else None
-        strategy = DraftVerifySearch(plan.hardware, plan.device, plan.isa, counts=counts, prior=prior)
-    else:
-        raise ValueError(f"unknown search strategy {plan.search!r}")  # the recipe schema admits no other
+    prior = cost_model if isinstance(cost_model, TransferCostModel) else None
+    strategy = search_strategy.create(plan.search, round_trials=round_trials, hardware=plan.hardware,
+                                      device=plan.device, isa=plan.isa, counts=counts, prior=prior)
     if stats is None:
         return strategy
     return SeededSearch(strategy, plan.siblings.seeds, stats)
@@ -300,18 +235,9 @@ def tune(
             builder, runner = _measurers(plan, stop)
             cost_model = _cost_model(plan, store, result.transfer)
         result.tasks = [TaskOutcome(t.name, t.weight, t.flops, done, 0, _best_us(store, t)) for t, done in pending]
-        budget_s = plan.time_budget_s
 
-        def tune_round(position: int, trials: int) -> None:
-            """Up to `trials` more measurements of one task, cut to what fits in the budget."""
+        def measure_round(position: int, trials: int, enough: int) -> None:
             task, outcome = tasks[position], result.tasks[position]
-            if budget_s is not None:
-                trials = trials_that_fit(trials, outcome, budget_s - (time.monotonic() - started))
-                if trials <= 0:
-                    outcome.skipped_for_budget = True
-                    return
-            enough = trials if plan.time_budget_s is None else _round_done_at(trials)
-            measured_before, round_started = outcome.trials_measured, time.monotonic()
             try:
                 _tune_one(task, position + 1, len(tasks), trials, enough, target, store, plan, builder, runner,
                           cost_model, outcome, progress, started, stop, logs_dir or store.directory / "logs",
@@ -319,13 +245,8 @@ def tune(
             except Exception as exc:  # the stop request comes back through TVM's C++ loop, maybe re-wrapped
                 if not stop.is_set():
                     _task_failed(task, outcome, exc)
-            finally:
-                outcome.tuning_s += time.monotonic() - round_started
-            # MetaSchedule ends a task early only when its search has no new candidate: another round
-            # would evolve a population to find none again
-            round_measured = outcome.trials_measured - measured_before
-            outcome.space_exhausted = outcome.tuning_failed is None and round_measured < enough
-            outcome.finish_round(_best_us(store, task), round_measured, time.monotonic() - round_started)
+
+        def after_round() -> None:
             if stop.is_set():
                 measured = sum(t.trials_measured for t in result.tasks)
                 kept = f"the {measured} measurements of this run are kept in {store.directory}"
@@ -334,69 +255,14 @@ def tune(
                                      "to resume once a server is back")
                 raise TuningInterrupted(f"interrupted: {kept}; run the same command again to resume")
 
-        first_pass = plan.trials_per_task if plan.time_budget_s is None else min(_FIRST_PASS_TRIALS,
-                                                                                   plan.trials_per_task)
-        for position, (_, done) in enumerate(pending):
-            if first_pass > done:
-                tune_round(position, first_pass - done)
-        if budget_s is not None:
-            if plan.keep_for_later is not None and next_round(result.tasks, plan.trials_per_task) is not None:
-                result.kept_s = plan.keep_for_later()
-                budget_s -= result.kept_s
-            while (position := next_round(result.tasks, plan.trials_per_task)) is not None:
-                outcome = result.tasks[position]  # once the budget is spent, each is marked skipped in turn
-                tune_round(position, min(_MAX_TRIALS_PER_ROUND, plan.trials_per_task - outcome.trials_before
-                                         - outcome.trials_measured))
+        scheduler = TaskScheduler(result.tasks, plan.trials_per_task, plan.time_budget_s, started, measure_round,
+                                  lambda position: _best_us(store, tasks[position]), after_round)
+        result.kept_s = scheduler.run(plan.keep_for_later)
         for index, ((task, done), outcome) in enumerate(zip(pending, result.tasks), start=1):
             _finish_task(task, index, len(tasks), done, outcome, plan, progress, started)
         _count_committed(tasks, result.tasks, counts, store)
     result.wall_s = time.monotonic() - started
     return result
-
-
-def trials_that_fit(trials: int, outcome: TaskOutcome, left_s: float) -> int:
-    """How many of `trials` fit in what is left of the budget, at the pace this task was tuned at
-    earlier in this build (a round of 64 Winograd trials takes minutes here: started with a minute
-    left, it would overrun the budget by the rest)."""
-    if left_s <= 0:
-        return 0
-    if outcome.trials_measured == 0 or outcome.tuning_s <= 0:
-        return trials
-    return min(trials, int(left_s * outcome.trials_measured / outcome.tuning_s))
-
-
-def next_round(outcomes: list[TaskOutcome], trials_per_task: int) -> int | None:
-    """Position of the task whose next round is expected to save the model the most latency per second
-    of tuning; None when no task can take one (all tuned, out of schedules, or cut by the budget).
-
-    Tasks not tuned yet in this build come first, in their order (heaviest first). A task without a
-    gain in its last two rounds waits until no other can take one (Ansor stops such a task; here it
-    may still have the budget's end)."""
-    open_positions = [p for p, o in enumerate(outcomes) if _wants_trials(o, trials_per_task)]
-    if not open_positions:
-        return None
-    improving = [p for p in open_positions if outcomes[p].trials_since_gain < _STALL_TRIALS]
-    return max(improving or open_positions, key=lambda p: (gain_rate(outcomes[p]), -p))
-
-
-def gain_rate(outcome: TaskOutcome) -> float:
-    """Seconds of model latency that a second more of tuning this task is expected to save.
-
-    Ansor's task-scheduler gradient, per second of tuning instead of per round (a Winograd
-    convolution's round costs three times a 1x1 convolution's): weight (calls per inference) times
-    a mix of the latency its last round saved per second and the optimistic best / time tuned so far,
-    which assumes it can improve as much again as it has. A task's share of the budget so tends to its
-    share of the model's time, and grows while it keeps improving."""
-    if outcome.best_us is None or outcome.tuning_s <= 0:
-        return math.inf
-    observed = outcome.last_round_gain_us / outcome.last_round_s if outcome.last_round_s > 0 else 0.0
-    optimistic = outcome.best_us / outcome.tuning_s
-    return outcome.weight * (_OBSERVED_SHARE * observed + (1 - _OBSERVED_SHARE) * optimistic) * 1e-6
-
-
-def _wants_trials(outcome: TaskOutcome, trials_per_task: int) -> bool:
-    return (not outcome.space_exhausted and not outcome.skipped_for_budget and outcome.tuning_failed is None
-            and outcome.trials_before + outcome.trials_measured < trials_per_task)
 
 
 def _task_failed(task: TuningTask, outcome: TaskOutcome, exc: Exception) -> None:
@@ -459,7 +325,7 @@ def _tune_one(task, index, total, trials, enough, target, store, plan, builder, 
                                   plan.trials_per_task, best * 1e6 if best else None,
                                   time.monotonic() - tuning_started))
 
-    per_round = min(trials, _MAX_TRIALS_PER_ROUND)
+    per_round = min(trials, MAX_TRIALS_PER_ROUND)
     context = ms.TuneContext(
         mod=task.mod,
         target=target,

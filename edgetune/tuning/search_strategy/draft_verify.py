@@ -43,6 +43,7 @@ from tvm.s_tir.schedule import Trace
 from edgetune.profiles import Hardware
 from edgetune.tuning.analyzer import SpaceModel, UnsupportedSpace, make_analyzer, nests_from_func
 from edgetune.tuning.analyzer.space import replay
+from edgetune.tuning.cost_model.ranking import rank
 
 logger = logging.getLogger(__name__)
 
@@ -486,15 +487,6 @@ def log_latency(latencies) -> np.ndarray:
     """Logarithms of analyzer estimates, clipped so that zero, inf and nan give finite values."""
     seconds = np.nan_to_num(np.asarray(latencies, dtype=float), nan=LONGEST_S, posinf=LONGEST_S)
     return np.log(np.clip(seconds, SHORTEST_S, LONGEST_S))
-
-
-def rank(scores: np.ndarray) -> np.ndarray:
-    """Scores as ranks in [0, 1] (1: best; ties share their mean rank), so scorers add up."""
-    if len(scores) < 2:
-        return np.ones(len(scores))
-    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    return (starts + (counts - 1) / 2.0)[inverse] / (len(scores) - 1)
 
 
 def _novelty(draft: _Draft, seen: list[set[int]]) -> float:

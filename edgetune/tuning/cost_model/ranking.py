@@ -25,7 +25,8 @@ from tvm.s_tir.meta_schedule.runner import RunnerResult
 from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 from tvm.s_tir.meta_schedule.tune_context import TuneContext
 
-FAILED = float("inf")
+from edgetune.tuning.measurements import FAILED, mean_seconds
+
 _SHORTEST_RUN_S = 1e-12
 
 _PARAMS = {
@@ -81,6 +82,15 @@ def train_ranker(groups: Groups, num_threads: int, rounds: int, params: dict | N
     if base_margin is not None:
         matrix.set_base_margin(base_margin(rows))
     return xgb.train(dict(params or _PARAMS, nthread=num_threads, seed=0), matrix, num_boost_round=rounds)
+
+
+def rank(scores: np.ndarray) -> np.ndarray:
+    """Scores as ranks in [0, 1] (1: best; ties share their mean rank), so scorers add up."""
+    if len(scores) < 2:
+        return np.ones(len(scores))
+    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return (starts + (counts - 1) / 2.0)[inverse] / (len(scores) - 1)
 
 
 def aggregate(per_store: np.ndarray) -> np.ndarray:
@@ -200,16 +210,6 @@ class RankingCostModel(PyCostModel):
             self.booster.load_model(bytearray(model))
         else:
             self.booster = None
-
-
-_FAILED_RUN_SECONDS = 1e9
-"""MetaSchedule records a run that failed as 1e10 seconds."""
-
-def mean_seconds(run_secs) -> float:
-    """Mean measured run time of a record or runner result; FAILED for a failed or missing one."""
-    seconds = [float(s) for s in run_secs or []]
-    mean = sum(seconds) / len(seconds) if seconds else FAILED
-    return mean if mean < _FAILED_RUN_SECONDS else FAILED
 
 
 def _cost(result: RunnerResult) -> float:

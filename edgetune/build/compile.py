@@ -1,0 +1,81 @@
+"""Stage: compile. On targets measured here, each kernel's few best schedules are first compared inside
+the model (edgetune/selection.py); then the model is compiled with the chosen records and exported as a
+library linked for the device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgetune.build.context import TargetBuild
+from edgetune.build.summary import TargetResult
+from edgetune.cuda_precompile import precompile_cuda
+
+
+@dataclass(frozen=True)
+class CompiledTarget:
+    """The exported library, how its CUDA kernels ship (None: not a CUDA target), and the sample inputs."""
+
+    library: Path
+    cuda_kernels: str | None
+    samples: dict[str, np.ndarray]
+
+
+def compile_stage(ctx: TargetBuild, result: TargetResult, budget_ends: float | None) -> CompiledTarget:
+    """The library the artifact ships; `budget_ends` (monotonic seconds) bounds the in-model comparison."""
+    from edgetune.compile import compile_model, export_library
+
+    ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    samples = ctx.model.sample_inputs()
+    database = ctx.store.database
+    if ctx.candidates > 1:
+        ctx.say(f"timing each kernel's {ctx.candidates} best schedules inside the model")
+        database = _select_in_model(ctx, result, samples, budget_ends)
+    ctx.say(f"compiling with the tuned records ({ctx.toolchain.cc.name})")
+    executable = compile_model(ctx.relax_mod, ctx.tvm_target, database, ctx.winograd)
+    cuda_kernels = _precompile_kernels(ctx, executable)
+    library = export_library(executable, ctx.work_dir / "model.so", ctx.toolchain.fcompile())
+    return CompiledTarget(library, cuda_kernels, samples)
+
+
+def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, np.ndarray],
+                     deadline: float | None):
+    """The database to compile with: each kernel's fastest in the model of its tuned best few.
+
+    Fills the result's `selection` summary and each task's `in_model_rank` (0: the tuner's best).
+    """
+    import tvm
+
+    from edgetune.runtime import use_cpu_threads
+    from edgetune.selection import select_schedules
+
+    if ctx.profile.cpu_threads:
+        use_cpu_threads(ctx.profile.cpu_threads)  # the threads the model is timed and shipped with
+    selection = select_schedules(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
+                                 tvm.device(ctx.profile.device, 0), ctx.candidates, ctx.winograd, deadline=deadline)
+    for task in result.tasks:
+        choice = selection.choices.get(task["name"])
+        task["in_model_rank"] = choice.rank if choice else None
+    result.selection = {
+        "candidates": ctx.candidates,
+        "models_compiled": selection.models_compiled,
+        "seconds": selection.seconds,
+        "kernels_changed": sorted(name for name, c in selection.choices.items() if c.rank > 0),
+        "in_model_us": selection.in_model_us,
+        "tuner_best_in_model_us": selection.tuner_best_in_model_us,
+        "stopped_by_budget": selection.stopped_by_deadline,
+    }
+    return selection.database
+
+
+def _precompile_kernels(ctx: TargetBuild, executable) -> str | None:
+    """For CUDA targets, embed nvcc's fatbin when a toolkit is here; say which form the kernels ship in."""
+    if ctx.profile.device != "cuda":
+        return None
+    if ctx.toolchain.cuda is None:
+        return "CUDA C source, compiled by NVRTC when the library loads on the device (no nvcc found here)"
+    arch = ctx.profile.target["arch"]
+    form = precompile_cuda(executable, arch, ctx.toolchain.cuda.nvcc)
+    return f"{form} for {arch}, precompiled with nvcc {ctx.toolchain.cuda.version}"

@@ -1,0 +1,118 @@
+"""TargetBuild: what one target's stages share, built once per target (like MetaSchedule's TuneContext),
+so the stages take one argument instead of a dozen positional ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgetune.fleet.endpoints import RemoteDevice
+from edgetune.frontend.model import LoadedModel
+from edgetune.frontend.winograd import WinogradPolicy
+from edgetune.profiles import DeviceProfile
+from edgetune.recipe import FleetTarget, Recipe
+from edgetune.reference import ReferenceRuntime
+from edgetune.toolchains import Toolchain
+from edgetune.tuning.database.store import RecordStore
+from edgetune.tuning.tune import TaskProgress
+
+if TYPE_CHECKING:
+    from edgetune.package.signing import Ed25519PrivateKey
+
+
+@dataclass(frozen=True)
+class Event:
+    """A line of progress for whoever drives the build (the CLI prints these)."""
+
+    target: str
+    message: str
+    task: TaskProgress | None = None
+
+
+EventFn = Callable[[Event], None]
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """Where one target's records live; opened only when the target is built or read as a sibling."""
+
+    directory: Path
+
+    def exists(self) -> bool:
+        return (self.directory / "database_tuning_record.json").is_file()
+
+
+@dataclass
+class TargetBuild:
+    """One target of one recipe, with everything its stages read: the model (imported once per recipe),
+    the device's profile, toolchain and connection, its record store and its siblings'."""
+
+    recipe: Recipe
+    target: FleetTarget
+    profile: DeviceProfile
+    toolchain: Toolchain
+    model: LoadedModel
+    relax_mod: Any  # tvm.IRModule; tvm is imported lazily (seconds)
+    reference: ReferenceRuntime
+    store: RecordStore
+    sibling_stores: dict[str, StoreLocation]
+    remote: RemoteDevice | None
+    emit: EventFn
+    signer: Ed25519PrivateKey | None = None
+
+    def say(self, message: str) -> None:
+        """One progress line under this target's name."""
+        self.emit(Event(self.target.name, message))
+
+    @property
+    def name(self) -> str:
+        return self.target.name
+
+    @property
+    def measured_here(self) -> bool:
+        """This machine's CPU: the only device measured without an RPC connection."""
+        return self.target.is_local and self.profile.device == "cpu" and self.toolchain.native
+
+    @cached_property
+    def tvm_target(self):  # -> tvm.target.Target
+        return self.profile.tvm_target()
+
+    @cached_property
+    def winograd(self) -> WinogradPolicy | None:
+        """The device's Winograd choices (tuning.winograd), from its profile's peak and bandwidth."""
+        if not self.recipe.tuning.winograd:
+            return None
+        return WinogradPolicy(self.profile.hardware.peak_gflops, self.profile.hardware.memory_bandwidth_gbs)
+
+    @property
+    def candidates(self) -> int:
+        """Schedules per kernel compared inside the model: only where the model can be timed here."""
+        return self.recipe.tuning.in_model_candidates if self.measured_here else 1
+
+    @property
+    def budget_s(self) -> float | None:
+        minutes = self.recipe.tuning.time_budget_min
+        return minutes * 60 if minutes else None
+
+    @property
+    def build_dir(self) -> Path:
+        return self.recipe.output_dir / self.recipe.name
+
+    @property
+    def work_dir(self) -> Path:
+        return self.build_dir / "work" / self.target.name
+
+    @property
+    def artifact_dir(self) -> Path:
+        return self.build_dir / self.target.name
+
+    @property
+    def archive(self) -> Path:
+        return self.build_dir / f"{self.target.name}.tar.gz"
+
+    def sample_list(self, samples: dict) -> list:
+        """The model's sample inputs in its input order."""
+        return [samples[i.name] for i in self.model.inputs]

@@ -1,0 +1,133 @@
+"""Stage: tune. Extract the target's tasks and tune them on its device; what the target's siblings
+measured warm-starts it. Produces the target's result with its tuning summary."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from edgetune.build.context import Event, TargetBuild
+from edgetune.build.summary import TargetResult
+from edgetune.frontend.onnx import fuse_for_tuning
+from edgetune.tuning.database.store import RecordStore
+from edgetune.tuning.tasks import extract_tasks
+from edgetune.tuning.transfer.siblings import load_sibling_records
+from edgetune.tuning.tune import TuningPlan, TuningResult, tune
+
+
+def tune_stage(ctx: TargetBuild) -> TargetResult:
+    """Tune the target's tasks (or only count them with trials_per_task: 0) and summarise each."""
+    recipe, profile = ctx.recipe, ctx.profile
+    ctx.say(f"extracting tasks for {profile.name} ({_describe_target(ctx)})")
+    tasks = extract_tasks(fuse_for_tuning(ctx.relax_mod, ctx.tvm_target, ctx.winograd), ctx.tvm_target)
+    tuned_tasks = tasks[: recipe.tuning.max_tasks] if recipe.tuning.max_tasks else tasks
+    trials = recipe.tuning.trials_per_task
+    siblings = None
+    if ctx.sibling_stores and recipe.tuning.transfer != "off" and trials != 0:
+        siblings = load_sibling_records({n: RecordStore(s.directory) for n, s in ctx.sibling_stores.items()},
+                                        tuned_tasks, ctx.tvm_target, profile.hardware.cores or 1)
+        ctx.say(f"transfer from {', '.join(ctx.sibling_stores)}: {siblings.records_used} of their records, "
+                f"{sum(map(len, siblings.seeds.values()))} schedules to re-measure first")
+    plan = TuningPlan(
+        trials_per_task=1_000_000 if trials is None else trials, time_budget_s=ctx.budget_s,
+        search=recipe.tuning.search, seed=recipe.tuning.seed, cores=profile.hardware.cores or 1,
+        hardware=profile.hardware, device=profile.device, isa=profile.isa, remote=ctx.remote, siblings=siblings,
+        transfer=recipe.tuning.transfer, keep_for_later=_selection_reserve(ctx),
+    )
+    if trials == 0:
+        ctx.say(f"{len(tasks)} tasks; no tuning (trials_per_task: 0)")
+    else:
+        where = f", measured on {ctx.remote.where}" if ctx.remote else ""
+        ctx.say(f"{len(tasks)} tasks, tuning {len(tuned_tasks)} with {plan.search} search{where}")
+    tuning = tune(tuned_tasks, ctx.tvm_target, ctx.store, plan, lambda p: ctx.emit(Event(ctx.name, "", p)),
+                  logs_dir=ctx.work_dir / "logs")
+    summary = [_task_summary(t, recipe.tuning.search) for t in tuning.tasks]
+    for t in tuning.failed:
+        kept = "its best schedule so far" if t.best_us is not None else "its untuned schedule"
+        ctx.say(f"warning: tuning of task {t.name} failed ({t.tuning_failed}); it keeps {kept}")
+    return TargetResult(
+        ctx.name,
+        trials_measured=tuning.trials_measured,
+        trials_total=sum(t["trials"] for t in summary),
+        tuning_s=tuning.wall_s,
+        kept_for_selection_s=tuning.kept_s,
+        tasks=summary,
+        tasks_total=len(tasks),
+        records=_display_store(ctx.store.directory, ctx.build_dir),
+        transfer=_transfer_summary(tuning, ctx.sibling_stores, recipe.tuning.transfer),
+        tuning_failed=[f"{t.name}: {t.tuning_failed}" for t in tuning.failed],
+    )
+
+
+def _task_summary(task, search: str) -> dict[str, Any]:
+    return {
+        "name": task.name,
+        "weight": task.weight,
+        "flops": task.flops,
+        "trials": task.trials_before + task.trials_measured,
+        "trials_measured_now": task.trials_measured,
+        "best_us": task.best_us,
+        "gflops": task.gflops,
+        "skipped_for_budget": task.skipped_for_budget,
+        "space_exhausted": task.space_exhausted,
+        "candidates": asdict(task.search) if search == "draft-verify" else None,
+        "search_fallback": task.search.fallback,
+        "tuning_failed": task.tuning_failed,
+    }
+
+
+def _describe_target(ctx: TargetBuild) -> str:
+    spec = ctx.profile.target
+    return ", ".join(f"{k}={v}" for k, v in spec.items() if k != "kind") or spec["kind"]
+
+
+def _display_store(directory: Path, build_dir: Path) -> str:
+    """The store's path relative to the build directory when inside it, so a moved build still finds it."""
+    return str(directory.relative_to(build_dir)) if directory.is_relative_to(build_dir) else str(directory)
+
+
+def _transfer_summary(tuning: TuningResult, sibling_stores: dict, mode: str) -> dict[str, Any] | None:
+    """Which siblings' records were used and what came of them, per target."""
+    if not sibling_stores:
+        return None
+    stats = tuning.transfer
+    if stats is None:
+        why = "transfer: off" if mode == "off" else "no tuning in this build, or no sibling records of these tasks"
+        return {"sources": list(sibling_stores), "used": False, "why_not": why}
+    best = {t.name: t.best_us for t in tuning.tasks}
+    return {
+        "sources": stats.sources,
+        "used": True,
+        "mode": stats.mode,
+        "sibling_records": stats.sibling_records,
+        "seeds_measured": stats.seeds_measured,
+        "tasks_best_from_sibling": sorted(
+            name for name, seconds in stats.seed_best.items()
+            if best.get(name) is not None and seconds * 1e6 <= best[name] * (1 + 1e-9)
+        ),
+        "guard_fell_back": sorted(stats.distrusted),
+    }
+
+
+def _selection_reserve(ctx: TargetBuild):
+    """The tuner's call for the seconds of its budget to keep for comparing schedules inside the model
+    (build/compile.py): one compile and run of the model with the tuner's best so far, measured when the
+    tuner asks, per candidate rank (at most half the budget). None when there is nothing to keep."""
+    if ctx.candidates <= 1 or ctx.budget_s is None:
+        return None
+
+    def reserve() -> float:
+        import tvm
+
+        from edgetune.selection import rank_seconds
+
+        samples = ctx.model.sample_inputs()
+        one_rank = rank_seconds(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
+                                tvm.device(ctx.profile.device, 0), ctx.winograd)
+        kept = min(ctx.candidates * one_rank, ctx.budget_s / 2)
+        ctx.say(f"one compile and run of the model took {one_rank:.0f} s: the tuning budget keeps {kept:.0f} s for "
+                f"comparing each kernel's {ctx.candidates} best schedules inside the model")
+        return kept
+
+    return reserve

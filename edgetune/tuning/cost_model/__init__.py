@@ -1,0 +1,1 @@
+"""Cost models: how a candidate is scored before it is measured (MetaSchedule's CostModel seam)."""

@@ -1,0 +1,74 @@
+"""Sibling-seeded search: the siblings' best schedules of a task are measured first (see
+`edgetune.tuning.transfer.siblings`), then the recipe's search strategy takes over."""
+
+from __future__ import annotations
+
+import tvm_ffi
+from tvm.ir.utils import derived_object
+from tvm.s_tir import Schedule
+from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
+from tvm.s_tir.schedule import Trace
+
+from edgetune.tuning.analyzer.space import replay
+from edgetune.tuning.measurements import FAILED, mean_seconds, measure_candidate
+from edgetune.tuning.transfer.siblings import TransferStats
+
+
+@derived_object
+class SeededSearch(PySearchStrategy):
+    """Measures the siblings' best schedules of the task first, then hands over to `inner`.
+
+    Seeds are skipped when the device's store already holds records of the task (a resumed
+    build measured them in its first batch). `inner` gets the rest of the trial budget and sees
+    the seeds' measurements in the database like any other record.
+    """
+
+    def __init__(self, inner, seeds: dict[int, list[Trace]], stats: TransferStats):
+        self.inner = inner
+        self.seeds = seeds
+        self.stats = stats
+
+    def _initialize_with_tune_context(self, context) -> None:
+        self.inner._initialize_with_tune_context(context)
+        self.context = context
+
+    def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None) -> None:
+        mod = self.context.mod
+        self.queue: list[Schedule] = []
+        already = database is not None and database.has_workload(mod) and len(
+            database.get_top_k(database.commit_workload(mod), 1)) > 0
+        if not already:
+            postprocs = list(self.context.space_generator.postprocs)
+            programs: set[int] = set()
+            for i, trace in enumerate(self.seeds.get(tvm_ffi.structural_hash(mod), [])):
+                schedule = replay(mod, trace, postprocs, seed=i + 1)
+                if schedule is not None and tvm_ffi.structural_hash(schedule.mod) not in programs:
+                    programs.add(tvm_ffi.structural_hash(schedule.mod))
+                    self.queue.append(schedule)
+        self.queue = self.queue[: int(max_trials)]
+        self.seeding = False
+        self.inner.pre_tuning(int(max_trials) - len(self.queue), num_trials_per_iter, design_spaces, database,
+                              cost_model)
+
+    def generate_measure_candidates(self):
+        if self.queue:
+            batch, self.queue = self.queue, []
+            self.seeding = True
+            return [measure_candidate(s) for s in batch]
+        return self.inner.generate_measure_candidates()
+
+    def notify_runner_results(self, measure_candidates, results) -> None:
+        if not self.seeding:
+            self.inner.notify_runner_results(measure_candidates, results)
+            return
+        self.seeding = False
+        self.stats.seeds_measured += len(results)
+        seconds = [mean_seconds(r.run_secs) for r in results if r.error_msg is None and r.run_secs]
+        if seconds and min(seconds) < FAILED:
+            self.stats.seed_best[str(self.context.task_name)] = min(seconds)
+
+    def post_tuning(self) -> None:
+        self.inner.post_tuning()
+
+    def clone(self) -> SeededSearch:
+        return SeededSearch(self.inner.clone(), self.seeds, self.stats)

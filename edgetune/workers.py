@@ -1,0 +1,215 @@
+"""Where a release's units of work run: a pool of local processes, or Ray (a local one, or a cluster).
+
+A unit is one `pipeline.build(recipe, only=[target])`. Units share nothing in memory: a worker reads the
+recipe's model and sibling stores and writes its artifact and its own record store on storage every worker
+reaches (the recipe's output and records directories). Records are committed per measured batch and only
+appended, so a unit whose worker dies is simply run again: it resumes from the records already committed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor
+from concurrent.futures import wait as wait_futures
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from edgetune.errors import EdgetuneError, InputError
+from edgetune.recipe import Recipe
+
+if TYPE_CHECKING:
+    from edgetune.pipeline import Event
+
+RETRIES = 2
+"""Times a unit whose worker was lost (killed, out of memory, node gone) is run again before it counts as failed."""
+
+_LOCAL = re.compile(r"local:([1-9][0-9]{0,3})")
+_RAY = re.compile(r"ray://[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Parsed `--workers`: `local:N` (N processes here) or `ray://HEAD:PORT` (a Ray cluster's client port)."""
+
+    text: str
+    processes: int | None = None
+    ray_address: str | None = None
+
+
+def parse_workers(text: str) -> WorkerSpec:
+    """`local:N` or `ray://HOST:PORT`; anything else is an InputError naming what was expected."""
+    if match := _LOCAL.fullmatch(text):
+        return WorkerSpec(text, processes=int(match.group(1)))
+    if _RAY.fullmatch(text):
+        return WorkerSpec(text, ray_address=text)
+    raise InputError(f"--workers {text!r}: expected local:N (N from 1 to 9999 processes on this machine) or "
+                     "ray://HOST:PORT (a Ray cluster's client address, e.g. ray://head:10001)")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One (recipe, target) build, self-contained so it can be pickled to another process or machine."""
+
+    index: int
+    recipe: Recipe  # loaded from an absolute path: its relative paths resolve the same in any working directory
+    target: str
+    records_dir: Path | None = None
+    sign_key: Path | None = None
+
+
+@dataclass
+class UnitOutcome:
+    """What a unit returned: the build's JSON summary (one target), or why it has none."""
+
+    index: int
+    summary: dict[str, Any] | None
+    error: str | None = None
+    exit_code: int = 0  # 2: bad input, 1: build error, 0: built (its target may still have failed)
+    attempts: int = 1
+
+
+def run_unit(unit: Unit) -> UnitOutcome:
+    """Build one target of one recipe in this process; progress goes to stdout, prefixed by recipe/target."""
+    from edgetune.pipeline import build
+
+    prefix = f"[{unit.recipe.name}/{unit.target}]"
+
+    def say(event: Event) -> None:
+        if event.task is None:
+            print(f"{prefix} {event.message}", flush=True)
+        elif event.task.trials_done == event.task.trials_planned:
+            task = event.task
+            print(f"{prefix} task {task.index}/{task.total} {task.task}: {task.trials_done} trials", flush=True)
+
+    try:
+        result = build(unit.recipe, [unit.target], say, unit.records_dir, unit.sign_key)
+    except EdgetuneError as exc:
+        return UnitOutcome(unit.index, None, str(exc), exc.exit_code)
+    except Exception as exc:  # a crash inside TVM or a toolchain: this unit failed, the release goes on
+        return UnitOutcome(unit.index, None, f"{type(exc).__name__}: {exc}", 1)
+    return UnitOutcome(unit.index, result.to_json())
+
+
+class Executor(Protocol):
+    """Runs units somewhere; the release's scheduler decides which are ready."""
+
+    def submit(self, unit: Unit) -> None: ...
+
+    def wait(self) -> list[UnitOutcome]:
+        """Block until at least one submitted unit has finished; their outcomes (lost workers are retried)."""
+
+    def close(self) -> None: ...
+
+
+class ProcessPool:
+    """N spawned processes on this machine. A killed worker breaks the whole pool: the pool is replaced and
+    every unit that was running is submitted again (at most RETRIES times each)."""
+
+    def __init__(self, processes: int):
+        self.processes = processes
+        self.pool = self._new_pool()
+        self.running: dict[Future, Unit] = {}
+        self.attempts: dict[int, int] = {}
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(self.processes, mp_context=get_context("spawn"))
+
+    def submit(self, unit: Unit) -> None:
+        self.attempts[unit.index] = self.attempts.get(unit.index, 0) + 1
+        self.running[self.pool.submit(run_unit, unit)] = unit
+
+    def wait(self) -> list[UnitOutcome]:
+        outcomes: list[UnitOutcome] = []
+        while not outcomes and self.running:
+            done, _ = wait_futures(list(self.running), return_when=FIRST_COMPLETED)
+            lost = []
+            for future in done:
+                unit = self.running.pop(future)
+                try:
+                    outcome = future.result()
+                except BrokenProcessPool:
+                    lost.append(unit)
+                    continue
+                outcome.attempts = self.attempts[unit.index]
+                outcomes.append(outcome)
+            if lost:
+                outcomes.extend(self._resubmit(lost + list(self.running.values())))
+        return outcomes
+
+    def _resubmit(self, lost: list[Unit]) -> list[UnitOutcome]:
+        """A new pool for the units a dead worker took down; those out of retries fail."""
+        self.running.clear()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool = self._new_pool()
+        given_up = []
+        for unit in lost:
+            if self.attempts[unit.index] > RETRIES:
+                given_up.append(UnitOutcome(unit.index, None, f"its worker was lost {self.attempts[unit.index]} "
+                                                              "times", 1, self.attempts[unit.index]))
+            else:
+                self.submit(unit)
+        return given_up
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class RayPool:
+    """Units as Ray tasks: on a local Ray with N CPUs (`local:N`), or on a cluster (`ray://HEAD:PORT`). Ray runs
+    a task again elsewhere when its worker process or node dies (max_retries)."""
+
+    def __init__(self, spec: WorkerSpec):
+        import ray
+
+        self.ray = ray
+        if spec.ray_address:
+            ray.init(address=spec.ray_address, log_to_driver=True)
+        else:
+            ray.init(address="local", num_cpus=spec.processes, include_dashboard=False,
+                     object_store_memory=_RAY_OBJECT_STORE_BYTES, log_to_driver=True)
+        self.remote = ray.remote(num_cpus=1, max_retries=RETRIES, retry_exceptions=False)(run_unit)
+        self.running: dict[Any, Unit] = {}
+
+    def submit(self, unit: Unit) -> None:
+        self.running[self.remote.remote(unit)] = unit
+
+    def wait(self) -> list[UnitOutcome]:
+        done, _ = self.ray.wait(list(self.running), num_returns=1)
+        outcomes = []
+        for ref in done:
+            unit = self.running.pop(ref)
+            try:
+                outcomes.append(self.ray.get(ref))
+            except self.ray.exceptions.RayError as exc:  # lost more than RETRIES times, or the cluster is gone
+                outcomes.append(UnitOutcome(unit.index, None, f"Ray gave up on it: {type(exc).__name__}: "
+                                                              f"{str(exc).splitlines()[0] if str(exc) else ''}", 1))
+        return outcomes
+
+    def close(self) -> None:
+        self.ray.shutdown()
+
+
+_RAY_OBJECT_STORE_BYTES = 128 * 1024 * 1024
+"""Units return small JSON summaries; artifacts and records go to the shared directory, not the object store."""
+
+
+def ray_installed() -> bool:
+    """Whether the optional `ray` extra is importable here."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def open_executor(spec: WorkerSpec) -> Executor:
+    """Ray when the spec names a cluster or Ray is installed; otherwise (local:N without Ray) a process pool."""
+    if spec.ray_address and not ray_installed():
+        raise InputError(f"--workers {spec.text}: Ray is not installed here; pip install \"edgetune[ray]\"")
+    if spec.ray_address or (ray_installed() and os.environ.get("EDGETUNE_NO_RAY") != "1"):
+        return RayPool(spec)
+    return ProcessPool(spec.processes or 1)
