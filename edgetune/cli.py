@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from collections.abc import Callable
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -38,7 +40,23 @@ def _fail(exc: EdgetuneError) -> None:
     raise typer.Exit(exc.exit_code)
 
 
-@app.command()
+def _command(typer_app: typer.Typer, *args: Any, **kwargs: Any) -> Callable[[Callable], Callable]:
+    """`typer_app.command(...)` with the one place where an EdgetuneError becomes its message and exit code
+    (2: bad input, 1: a build or check that failed), instead of a try/except in every command."""
+    def register(function: Callable) -> Callable:
+        @functools.wraps(function)
+        def run(*call_args: Any, **call_kwargs: Any) -> Any:
+            try:
+                return function(*call_args, **call_kwargs)
+            except EdgetuneError as exc:
+                _fail(exc)
+
+        return typer_app.command(*args, **kwargs)(run)
+
+    return register
+
+
+@_command(app)
 def build(
     recipes: Annotated[Optional[list[Path]], typer.Argument(
         metavar="RECIPE",
@@ -90,8 +108,6 @@ def build(
 
         with _ProgressView(out) as progress:
             result = run_build(loaded, target, progress, records_dir, sign_key)
-    except EdgetuneError as exc:
-        _fail(exc)
     except KeyboardInterrupt:
         err.print("interrupted: every committed measurement is kept; run the same command again to resume")
         raise typer.Exit(130) from None
@@ -123,8 +139,6 @@ def _build_release(recipes: list[Path], target: list[str] | None, json_path: Pat
         with _ProgressView(out) as progress:
             release = run_release(items, spec, records_dir, sign_key, progress, _print_unit)
         files = write_release(release, release_dir, strict)
-    except EdgetuneError as exc:
-        _fail(exc)
     except KeyboardInterrupt:
         err.print("interrupted: every committed measurement is kept; run the same command again to resume")
         raise typer.Exit(130) from None
@@ -224,28 +238,22 @@ def _print_summary(result) -> None:
                                                  if transfer["guard_fell_back"] else ""), markup=False, soft_wrap=True)
 
 
-@app.command()
+@_command(app)
 def validate(recipe: RecipeArg) -> None:
     """Check RECIPE and the device profiles it names; needs no device."""
     from edgetune.recipe import load_recipe
 
-    try:
-        loaded = load_recipe(recipe)
-    except EdgetuneError as exc:
-        _fail(exc)
+    loaded = load_recipe(recipe)
     out.print(f"{recipe}: ok ({len(loaded.fleet)} targets: {', '.join(t.name for t in loaded.fleet)})", markup=False,
               soft_wrap=True)
 
 
-@app.command()
+@_command(app)
 def targets() -> None:
     """List the device profiles edgetune knows."""
     from edgetune.profiles import list_profiles
 
-    try:
-        profiles = list_profiles()
-    except EdgetuneError as exc:
-        _fail(exc)
+    profiles = list_profiles()
     table = Table(title="device profiles")
     for column in ("profile", "isa", "device", "peak GFLOPS", "description"):
         table.add_column(column)
@@ -255,7 +263,7 @@ def targets() -> None:
     out.print(table)
 
 
-@app.command(help="Check every checksum of ARTIFACT (and its signature, with --trust), then run it (here, in a "
+@_command(app, help="Check every checksum of ARTIFACT (and its signature, with --trust), then run it (here, in a "
                   "child process, or on a device over RPC) and compare with the reference output.\n\n"
                   "Verifying RUNS THE ARTIFACT'S CODE: its model.so is loaded and executed. Verify only artifacts "
                   "from a source you trust, and pass --trust with that source's public key.")
@@ -272,23 +280,20 @@ def verify(
     from edgetune.fleet.endpoints import RemoteDevice
     from edgetune.package.verify import verify_artifact
 
-    try:
-        remote = None
-        if (rpc_tracker is None) != (rpc_key is None):
-            raise InputError("--rpc-tracker and --rpc-key go together")
-        if rpc_tracker is not None:
-            host, _, port = rpc_tracker.rpartition(":")
-            if not host or not port.isdigit():
-                raise InputError(f"--rpc-tracker {rpc_tracker}: expected HOST:PORT")
-            remote = RemoteDevice(host, int(port), rpc_key, timeout_s=120.0, compiler="")
-        trusted_key = None
-        if trust is not None:
-            from edgetune.package.signing import load_public_key
+    remote = None
+    if (rpc_tracker is None) != (rpc_key is None):
+        raise InputError("--rpc-tracker and --rpc-key go together")
+    if rpc_tracker is not None:
+        host, _, port = rpc_tracker.rpartition(":")
+        if not host or not port.isdigit():
+            raise InputError(f"--rpc-tracker {rpc_tracker}: expected HOST:PORT")
+        remote = RemoteDevice(host, int(port), rpc_key, timeout_s=120.0, compiler="")
+    trusted_key = None
+    if trust is not None:
+        from edgetune.package.signing import load_public_key
 
-            trusted_key = load_public_key(trust)
-        outcome = verify_artifact(artifact, remote, trusted_key)
-    except EdgetuneError as exc:
-        _fail(exc)
+        trusted_key = load_public_key(trust)
+    outcome = verify_artifact(artifact, remote, trusted_key)
     for line in outcome.problems:
         err.print(f"[bold red]error:[/] {escape(line)}", soft_wrap=True)
     if outcome.output is not None:
@@ -299,7 +304,7 @@ def verify(
     raise typer.Exit(0 if outcome.ok else 1)
 
 
-@app.command()
+@_command(app)
 def keygen(
     private_key: Annotated[Path, typer.Argument(help="Where to write the new private key (PEM, mode 600).",
                                                 show_default=False)],
@@ -307,24 +312,18 @@ def keygen(
     """Make an Ed25519 key pair for `build --sign-key` (PRIVATE_KEY) and `verify --trust` (PRIVATE_KEY.pub)."""
     from edgetune.package.signing import generate_key_pair
 
-    try:
-        public = generate_key_pair(private_key)
-    except EdgetuneError as exc:
-        _fail(exc)
+    public = generate_key_pair(private_key)
     out.print(f"private key: {private_key}\npublic key: {public}", markup=False, soft_wrap=True)
 
 
-@app.command()
+@_command(app)
 def report(
     build_dir: Annotated[Path, typer.Argument(help="A build directory: <output>/<recipe>/.", show_default=False)],
 ) -> None:
     """Rebuild BUILD_DIR/report.html from the stored summary, manifests and tuning logs."""
     from edgetune.report import render_report
 
-    try:
-        path = render_report(build_dir)
-    except EdgetuneError as exc:
-        _fail(exc)
+    path = render_report(build_dir)
     out.print(str(path), markup=False, soft_wrap=True)
 
 
@@ -339,10 +338,7 @@ def _report(who: str, what: str) -> None:
 def _fleet_recipe(recipe: Path):
     from edgetune.recipe import load_recipe
 
-    try:
-        return load_recipe(recipe)
-    except EdgetuneError as exc:
-        _fail(exc)
+    return load_recipe(recipe)
 
 
 def _fleet_done(problems: list[str]) -> None:
@@ -363,7 +359,7 @@ StateDirOption = Annotated[Optional[Path], typer.Option(
     "--state-dir", metavar="DIR", help="Pid files and logs of the emulated boards (default: $EDGETUNE_CACHE/fleet).")]
 
 
-@fleet_app.command("up")
+@_command(fleet_app, "up")
 def fleet_up(recipe: FleetRecipeArg = None, emulate: EmulateOption = None, tracker_port: TrackerPortOption = 9190,
              state_dir: StateDirOption = None) -> None:
     """Start the recipe's tracker and each ssh target's RPC server, or (--emulate) emulated aarch64 boards."""
@@ -372,10 +368,7 @@ def fleet_up(recipe: FleetRecipeArg = None, emulate: EmulateOption = None, track
 
         if recipe is not None:
             _fail(InputError("fleet up: give a RECIPE or --emulate PROFILE, not both"))
-        try:
-            _fleet_done(emulated.up(emulate, tracker_port, emulated.state_dir(state_dir), _report))
-        except EdgetuneError as exc:
-            _fail(exc)
+        _fleet_done(emulated.up(emulate, tracker_port, emulated.state_dir(state_dir), _report))
     from edgetune.fleet.provision import up
 
     _fleet_done(up(_fleet_recipe(_required_recipe(recipe)), _report))
@@ -387,7 +380,7 @@ def _required_recipe(recipe: Path | None) -> Path:
     return recipe
 
 
-@fleet_app.command("down")
+@_command(fleet_app, "down")
 def fleet_down(recipe: FleetRecipeArg = None, state_dir: StateDirOption = None) -> None:
     """Stop what `fleet up` started for RECIPE (without one: the emulated boards), by pid files, and nothing else."""
     if recipe is None:
@@ -399,7 +392,7 @@ def fleet_down(recipe: FleetRecipeArg = None, state_dir: StateDirOption = None) 
     _fleet_done(down(_fleet_recipe(recipe), _report))
 
 
-@fleet_app.command("status")
+@_command(fleet_app, "status")
 def fleet_status(recipe: FleetRecipeArg = None, state_dir: StateDirOption = None) -> None:
     """Servers per key on each tracker, and each device's health; exit 1 when a target has no server.
 
@@ -459,7 +452,7 @@ records_app = typer.Typer(no_args_is_help=True, help="Carry RECIPE's tuning reco
 app.add_typer(records_app, name="records")
 
 
-@records_app.command("export")
+@_command(records_app, "export")
 def records_export(
     recipe: RecipeArg,
     output: Annotated[Path, typer.Option("--output", "-o", help="The .tar.gz to write.", show_default=False)],
@@ -470,15 +463,12 @@ def records_export(
     from edgetune.pipeline import record_locations
     from edgetune.tuning.database.exchange import export_stores
 
-    try:
-        locations = record_locations(_fleet_recipe(recipe), target, records_dir)
-        present = {loc.directory.name: loc.directory for loc in locations.values() if loc.exists()}
-        if not present:
-            raise InputError(f"no tuning records yet for {', '.join(locations)} in "
-                             f"{next(iter(locations.values())).directory.parent}")
-        counts = export_stores(present, output)
-    except EdgetuneError as exc:
-        _fail(exc)
+    locations = record_locations(_fleet_recipe(recipe), target, records_dir)
+    present = {loc.directory.name: loc.directory for loc in locations.values() if loc.exists()}
+    if not present:
+        raise InputError(f"no tuning records yet for {', '.join(locations)} in "
+                         f"{next(iter(locations.values())).directory.parent}")
+    counts = export_stores(present, output)
     for name, location in locations.items():
         store = location.directory.name
         line = f"{name}: {counts[store]} records ({store})" if store in counts else f"{name}: no records yet"
@@ -486,7 +476,7 @@ def records_export(
     out.print(str(output), markup=False, soft_wrap=True)
 
 
-@records_app.command("import")
+@_command(records_app, "import")
 def records_import(
     recipe: RecipeArg,
     archive: Annotated[Path, typer.Argument(help="A .tar.gz from `edgetune records export`.", show_default=False)],
@@ -496,20 +486,17 @@ def records_import(
     from edgetune.pipeline import record_locations
     from edgetune.tuning.database.exchange import import_stores
 
-    try:
-        locations = record_locations(_fleet_recipe(recipe), None, records_dir)
-        root = next(iter(locations.values())).directory.parent
-        owners = {loc.directory.name: name for name, loc in locations.items()}
-        imported = import_stores(archive, root)
-    except EdgetuneError as exc:
-        _fail(exc)
+    locations = record_locations(_fleet_recipe(recipe), None, records_dir)
+    root = next(iter(locations.values())).directory.parent
+    owners = {loc.directory.name: name for name, loc in locations.items()}
+    imported = import_stores(archive, root)
     for store in imported:
         owner = owners.get(store.name)
         who = f"{owner}" if owner else f"{store.name} (no target of this recipe has this profile and TVM target; kept)"
         out.print(f"{who}: {store.added} records added, {store.present} already here", markup=False, soft_wrap=True)
 
 
-@records_app.command("check")
+@_command(records_app, "check")
 def records_check(recipe: RecipeArg, records_dir: RecordsDirOption = None) -> None:
     """List the damaged lines (file:line) of RECIPE's record stores; exit 1 if any, 0 if all are intact."""
     from edgetune.tuning.database.store import scan_store
@@ -531,7 +518,7 @@ def records_check(recipe: RecipeArg, records_dir: RecordsDirOption = None) -> No
     raise typer.Exit(1 if damaged else 0)
 
 
-@records_app.command("repair")
+@_command(records_app, "repair")
 def records_repair(recipe: RecipeArg, records_dir: RecordsDirOption = None) -> None:
     """Rewrite each damaged store of RECIPE without its damaged lines, keeping each original file as a backup."""
     from edgetune.tuning.database.store import repair_store
@@ -552,12 +539,7 @@ def records_repair(recipe: RecipeArg, records_dir: RecordsDirOption = None) -> N
 def _record_locations(recipe: Path, records_dir: Path | None) -> dict:
     from edgetune.pipeline import record_locations
 
-    try:
-        return record_locations(_fleet_recipe(recipe), None, records_dir)
-    except EdgetuneError as exc:
-        _fail(exc)
-
-
+    return record_locations(_fleet_recipe(recipe), None, records_dir)
 def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)  # progress must reach a CI log as it happens
     sys.exit(app())
