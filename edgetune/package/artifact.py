@@ -84,17 +84,10 @@ _TEMPLATES_OUT = {
 }
 
 
-def write_artifact_files(
-    directory: Path,
-    *,
-    library: Path,
-    sample_inputs: dict[str, np.ndarray],
-    reference_outputs: dict[str, np.ndarray],
-    template_context: dict[str, Any],
-) -> None:
-    """Everything but the manifest written beside `directory`, then swapped in (see `stage_artifact`)."""
-    staging = stage_artifact(directory, library=library, sample_inputs=sample_inputs,
-                             reference_outputs=reference_outputs, template_context=template_context)
+def write_artifact_files(directory: Path, **contents: Any) -> None:
+    """Everything but the manifest written beside `directory`, then swapped in; `contents` as `stage_artifact`
+    takes them."""
+    staging = stage_artifact(directory, **contents)
     try:
         replace_owned_directory(staging, directory)
     except BaseException:
