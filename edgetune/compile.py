@@ -21,7 +21,7 @@ def compile_model(mod: tvm.IRModule, target: tvm.target.Target, database: Databa
     RewriteLayout, on buffers marked layout-free), the packing is split out of the kernel and folded
     into the constant here, at compile time, instead of running on every call. With no database this
     is the untuned baseline, built by the very same pipeline. `winograd` as in `fuse_for_tuning`;
-    `on_skip` hears of each kernel whose record does not replay on it (see `replayable_database`).
+    `on_skip` hears of each kernel whose record does not replay on it (see `unreplayable_kernels`).
     """
     from tvm.relax import pipeline
     from tvm.s_tir import dlight
@@ -34,9 +34,7 @@ def compile_model(mod: tvm.IRModule, target: tvm.target.Target, database: Databa
     @tvm.transform.module_pass(opt_level=3)
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         mod = tvm.transform.Sequential(pipeline.library_dispatch_passes(target))(mod)
-        mod = fuse_for_tuning(mod, target, winograd)
-        with replayable_database(mod, target, database, on_skip):
-            mod = relax.transform.MetaScheduleApplyDatabase()(mod)
+        mod = _apply_database(fuse_for_tuning(mod, target, winograd), target, database, on_skip)
         prepack = [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()]
         mod = tvm.transform.Sequential(prepack)(mod)  # each weight packed once, here
         if is_gpu:  # untuned GPU kernels need at least thread bindings
@@ -48,35 +46,38 @@ def compile_model(mod: tvm.IRModule, target: tvm.target.Target, database: Databa
         return relax.build(mod, target=target, relax_pipeline=_pipeline)
 
 
-def replayable_database(mod: tvm.IRModule, target: tvm.target.Target, database: Database,
-                        on_skip: Callable[[str], None] | None = None) -> Database:
-    """A database holding, for each kernel of `mod`, the schedule `database` gives it, as that kernel's own
-    trace; a kernel whose record does not replay on it is left out (it compiles unscheduled) and named.
+def unreplayable_kernels(mod: tvm.IRModule, target: tvm.target.Target, database: Database,
+                         on_skip: Callable[[str], None] | None = None) -> list:
+    """The kernels of `mod` whose record in `database` does not replay on them, each named to `on_skip`.
 
     Kernels are matched to records by anchor block, so a record tuned on `matmul` is also offered to
     `matmul + add`. On a transformer block such a trace met a buffer written by two blocks in the other
     kernel (ScheduleError in cache-read) and relax's MetaScheduleApplyDatabase failed the whole build."""
-    from tvm.s_tir.meta_schedule.database import TuningRecord
-    from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
-
-    checked = MemoryDatabase(module_equality="structural")
+    failing = []
     for global_var, function in mod.functions_items():
-        if not isinstance(function, tvm.tirx.PrimFunc):
+        if not isinstance(function, tvm.tirx.PrimFunc) or function.attrs.get("tir.is_scheduled", False):
             continue
-        kernel = _normalize_mod(function)
-        try:
-            record = database.query_tuning_record(kernel, target, global_var.name_hint)
-            schedule = database.query_schedule(kernel, target, global_var.name_hint) if record else None
-            if schedule is not None:  # the kernel's own trace must replay as MetaScheduleApplyDatabase will
-                schedule.trace.apply_to_schedule(tvm.s_tir.Schedule(kernel), remove_postproc=False)
+        try:  # the very pass the build runs, on this kernel alone
+            with database:
+                relax.transform.MetaScheduleApplyDatabase()(tvm.IRModule({global_var: function}))
         except Exception as exc:  # TVM's ScheduleError and friends: the trace does not apply to this kernel
+            failing.append(global_var)
             if on_skip is not None:
                 on_skip(f"{global_var.name_hint}: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}")
-            continue
-        if schedule is not None:
-            checked.commit_tuning_record(TuningRecord(schedule.trace, checked.commit_workload(kernel),
-                                                      record.run_secs, target, record.args_info))
-    return checked
+    return failing
+
+
+def _apply_database(mod: tvm.IRModule, target: tvm.target.Target, database: Database,
+                    on_skip: Callable[[str], None] | None) -> tvm.IRModule:
+    """MetaScheduleApplyDatabase on every kernel but those whose record does not replay on them: they
+    compile unscheduled, as kernels without records do."""
+    failing = set(unreplayable_kernels(mod, target, database, on_skip))
+    if not failing:
+        return relax.transform.MetaScheduleApplyDatabase()(mod)
+    applied = relax.transform.MetaScheduleApplyDatabase()(tvm.IRModule(
+        {gv: f for gv, f in mod.functions_items() if gv not in failing}, attrs=mod.attrs))
+    functions = {**dict(applied.functions_items()), **{gv: mod[gv] for gv in failing}}
+    return tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
 
 
 def _lowering_passes(target: tvm.target.Target) -> list:

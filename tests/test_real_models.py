@@ -169,7 +169,7 @@ def test_a_transformer_block_tunes_with_either_search_and_no_task_raises(corpus,
     """The tasks of a transformer block (softmax, layernorm, batch matmul, transposes: no tunable decision in
     several) are tuned under a small budget without a task failing, and the tuned model compiles: a record
     tuned on `matmul` and offered to `matmul + add` (same anchor block) that does not replay there leaves that
-    kernel unscheduled instead of failing the build (edgetune/compile.py, replayable_database)."""
+    kernel unscheduled instead of failing the build (edgetune/compile.py, unreplayable_kernels)."""
     model = corpus["token_transformer"]
     tuning = {"trials_per_task": 2, "time_budget_min": 1, "search": search, "max_tasks": 6, "in_model_candidates": 1}
     run = run_edgetune("build", str(_recipe(tmp_path, model, model.input_shapes, tuning)), "--strict", "--json",
