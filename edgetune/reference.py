@@ -24,6 +24,11 @@ class ReferenceRuntime:
         """What the artifact's output is checked against, as the manifest names it."""
         return "pytorch" if self._program is not None else "onnxruntime"
 
+    @property
+    def display_name(self) -> str:
+        """The reference as build messages name it."""
+        return "PyTorch" if self._program is not None else "ONNX Runtime"
+
     def _runner(self, threads: int) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
         if self._program is not None:
             from edgetune.frontend.exported_program import program_runner

@@ -29,16 +29,12 @@ class Latency:
 
 def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray]) -> Latency:
     if ctx.measured_here:
-        ctx.say(f"timing tuned, untuned and {_reference_name(ctx)}")
+        ctx.say(f"timing tuned, untuned and {ctx.reference.display_name}")
         return _measure_here(ctx, library, samples)
     if ctx.remote is not None:
         ctx.say(f"timing tuned and untuned on the device ({ctx.remote.where})")
         return _measure_remote(ctx, library, samples)
     return Latency()
-
-
-def _reference_name(ctx: TargetBuild) -> str:
-    return "PyTorch" if ctx.reference.name == "pytorch" else "ONNX Runtime"
 
 
 def _untuned_library(ctx: TargetBuild, cross_compiler: Callable | None = None) -> Path:

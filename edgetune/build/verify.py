@@ -22,7 +22,7 @@ from edgetune.package.verify import OutputCheck, checksum_problems, read_manifes
 def verify_stage(ctx: TargetBuild, result: TargetResult, packaged: PackagedTarget) -> None:
     """Complete the staged artifact's manifest with the verification, sign it, put the artifact in place and
     archive it; fill `result` (an error when the output differs or the artifact is inconsistent)."""
-    reference = "PyTorch" if ctx.reference.name == "pytorch" else "ONNX Runtime"
+    reference = ctx.reference.display_name
     ctx.say(f"verifying the packaged artifact against {reference}")
     manifest = packaged.manifest
     try:
