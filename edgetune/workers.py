@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor
 from concurrent.futures import wait as wait_futures
 from concurrent.futures.process import BrokenProcessPool
@@ -18,7 +19,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from edgetune.errors import EdgetuneError, InputError
+from edgetune.errors import BuildError, EdgetuneError, InputError
 from edgetune.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -29,6 +30,12 @@ RETRIES = 2
 
 _LOCAL = re.compile(r"local:([1-9][0-9]{0,3})")
 _RAY = re.compile(r"ray://[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}")
+
+
+def _first_line(exc: BaseException) -> str:
+    """The exception's type and the first line of its message: Ray's messages run to pages."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 @dataclass(frozen=True)
@@ -167,7 +174,7 @@ class RayPool:
 
         self.ray = ray
         if spec.ray_address:
-            ray.init(address=spec.ray_address, log_to_driver=True)
+            _connect_to_cluster(ray, spec)
         else:
             ray.init(address="local", num_cpus=spec.processes, include_dashboard=False,
                      object_store_memory=_RAY_OBJECT_STORE_BYTES, log_to_driver=True)
@@ -185,13 +192,36 @@ class RayPool:
             try:
                 outcomes.append(self.ray.get(ref))
             except self.ray.exceptions.RayError as exc:  # lost more than RETRIES times, or the cluster is gone
-                outcomes.append(UnitOutcome(unit.index, None, f"Ray gave up on it: {type(exc).__name__}: "
-                                                              f"{str(exc).splitlines()[0] if str(exc) else ''}", 1))
+                outcomes.append(UnitOutcome(unit.index, None, f"Ray gave up on it: {_first_line(exc)}", 1))
         return outcomes
 
     def close(self) -> None:
         self.ray.shutdown()
 
+
+def _connect_to_cluster(ray: Any, spec: WorkerSpec) -> None:
+    """Connects to `ray://HEAD:PORT`, trying again while the head is still starting its client server (a head
+    that has just come up refuses the first clients for a few seconds); a cluster that stays unreachable is an
+    error that names the address, not a traceback."""
+    last_problem = ""
+    for attempt in range(_CONNECT_ATTEMPTS):
+        if attempt:
+            time.sleep(_CONNECT_BACKOFF_S * attempt)
+        try:
+            ray.init(address=spec.ray_address, log_to_driver=True)
+            return
+        except ConnectionAbortedError as exc:  # the head answered but could not start this client's server yet
+            last_problem = _first_line(exc)
+            ray.shutdown()
+        except ConnectionError as exc:  # nothing answered: Ray has already retried for its connection timeout
+            raise BuildError(f"--workers {spec.text}: no Ray cluster answered ({_first_line(exc)}); is its head "
+                             "running with the client server on that port?") from None
+    raise BuildError(f"--workers {spec.text}: could not connect to the Ray cluster after {_CONNECT_ATTEMPTS} "
+                     f"attempts (the head kept refusing the client: {last_problem})")
+
+
+_CONNECT_ATTEMPTS = 4
+_CONNECT_BACKOFF_S = 5.0
 
 _RAY_OBJECT_STORE_BYTES = 128 * 1024 * 1024
 """Units return small JSON summaries; artifacts and records go to the shared directory, not the object store."""

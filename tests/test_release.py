@@ -83,8 +83,31 @@ def ray_cluster():
         "object_store_memory": 128 * 1024 * 1024})
     cluster.add_node(num_cpus=1, object_store_memory=128 * 1024 * 1024)
     cluster.wait_for_nodes()
-    yield f"ray://127.0.0.1:{port}"
+    address = f"ray://127.0.0.1:{port}"
+    _wait_for_client_server(address, timeout_s=120)
+    yield address
     cluster.shutdown()
+
+
+def _wait_for_client_server(address: str, timeout_s: float) -> None:
+    """Until a client connects: a head that has just started refuses clients while its agents come up."""
+    probe = f"import ray; ray.init({address!r}); ray.shutdown()"
+    deadline = time.monotonic() + timeout_s
+    while subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=timeout_s).returncode != 0:
+        assert time.monotonic() < deadline, f"the Ray cluster at {address} took no client in {timeout_s} s"
+        time.sleep(2)
+
+
+def test_unreachable_ray_cluster_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    write_recipes(tmp_path, CROSS_RECIPE, ["lonely"])
+    address = f"ray://127.0.0.1:{_free_port()}"
+    env = {**os.environ, "RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S": "1", "RAY_CLIENT_MAX_CONNECTION_TIMEOUT_S": "1"}
+    run = subprocess.run([sys.executable, "-m", "edgetune", "build", "lonely.yaml", "--workers", address],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"--workers {address}: no Ray cluster answered" in run.stderr
+    assert "Traceback" not in run.stdout + run.stderr
 
 
 def test_bad_recipe_among_good_ones_exits_2_and_builds_nothing(tmp_path: Path) -> None:
