@@ -21,7 +21,7 @@ from edgetune.build.compile import compile_stage
 from edgetune.build.context import Event, EventFn, StoreLocation, TargetBuild
 from edgetune.build.measure import measure_stage
 from edgetune.build.package import package_stage
-from edgetune.build.summary import SUMMARY_NAME, BuildResult, TargetResult
+from edgetune.report.summary import SUMMARY_NAME, BuildResult, TargetResult
 from edgetune.build.tune import tune_stage
 from edgetune.build.verify import fill_from_manifest, verify_stage
 from edgetune.errors import BuildError, EdgetuneError, InputError
@@ -30,7 +30,7 @@ from edgetune.fleet.tracker import require_servers
 from edgetune.frontend.onnx import load_model, to_relax
 from edgetune.package.artifact import claim_build_directory, sha256_file
 from edgetune.package.signing import load_private_key, sign_manifest, signature_matches
-from edgetune.package.verify import checksum_problems, read_manifest
+from edgetune.package.verify import checksum_problems, load_manifest
 from edgetune.profiles import DeviceProfile, resolve_profile
 from edgetune.recipe import FleetTarget, Recipe
 from edgetune.reference import ReferenceRuntime
@@ -172,7 +172,7 @@ def _build_target(ctx: TargetBuild) -> TargetResult:
         if ctx.signer is not None and not signature_matches(ctx.artifact_dir, ctx.signer.public_key()):
             sign_manifest(ctx.artifact_dir, ctx.signer)
             archive_directory(ctx.artifact_dir, ctx.archive)
-        fill_from_manifest(result, read_manifest(ctx.artifact_dir), ctx.artifact_dir, ctx.archive)
+        fill_from_manifest(result, load_manifest(ctx.artifact_dir), ctx.artifact_dir, ctx.archive)
         result.reused = True
         return result
     compiled = compile_stage(ctx, result, budget_ends)
@@ -218,9 +218,12 @@ def _inputs_hash(ctx: TargetBuild) -> str:
 def _reusable(artifact_dir: Path, archive: Path, inputs_hash: str) -> bool:
     if not (archive.is_file() and (artifact_dir / "manifest.json").is_file()):
         return False
-    manifest = read_manifest(artifact_dir)
+    try:
+        manifest = load_manifest(artifact_dir)
+    except InputError:  # damaged, or an edgetune that wrote other fields: built afresh
+        return False
     return (
-        manifest.get("build_inputs_sha256") == inputs_hash
-        and manifest["verification"]["matches"] is not False
+        manifest.build_inputs_sha256 == inputs_hash
+        and manifest.verification.matches is not False
         and not checksum_problems(artifact_dir, manifest)
     )

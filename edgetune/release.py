@@ -217,7 +217,7 @@ def _merge(item: ReleaseRecipe, outcomes: list[tuple[str, UnitOutcome]]) -> None
             item.result.targets[target] = TargetResult(target, error=outcome.error)
             item.exit_code = max(item.exit_code, outcome.exit_code)
         else:
-            item.result.targets[target] = TargetResult(**outcome.summary["targets"][target])
+            item.result.targets[target] = TargetResult.model_validate(outcome.summary["targets"][target])
     if any(outcome.summary is not None for _, outcome in outcomes):
         _write_atomically(build_dir / SUMMARY_NAME, json.dumps(item.result.to_json(), indent=2) + "\n")
         render_report(build_dir)

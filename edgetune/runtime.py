@@ -7,6 +7,7 @@ into the compile stage for it.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -52,8 +53,18 @@ def _flatten(result) -> list[np.ndarray]:
 def time_model(
     vm: relax.VirtualMachine, inputs: list[np.ndarray], device: tvm.runtime.Device, min_total_s: float = 1.0
 ) -> float:
-    """Median latency in milliseconds over several repeats, each at least ~0.1 s long."""
+    """Median latency in milliseconds over _REPEATS repeats, together about `min_total_s` long.
+
+    Calls per repeat come from three timed calls, not from TVM's `min_repeat_ms`: that grows the count
+    by 1.618x steps until a repeat is long enough and keeps the overshoot, so a 0.03 ms model took
+    1.75 s to time instead of 1 s.
+    """
     args = [tvm.runtime.tensor(x, device) for x in inputs]
     vm["main"](*args)  # warm-up: first call allocates
-    timer = vm.time_evaluator("main", device, number=1, repeat=5, min_repeat_ms=int(min_total_s * 1000 / 5))
+    per_call_s = max(float(vm.time_evaluator("main", device, number=1, repeat=3)(*args).median), 1e-7)
+    number = max(1, math.ceil(min_total_s / _REPEATS / per_call_s))
+    timer = vm.time_evaluator("main", device, number=number, repeat=_REPEATS)
     return float(timer(*args).median) * 1e3
+
+
+_REPEATS = 5

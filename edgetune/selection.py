@@ -6,6 +6,11 @@ and the tuner's second- or fourth-best schedule was often the fastest in the mod
 compiled once per rank (every kernel with the tuner's i-th best schedule), each kernel is timed where
 it runs, in the model, and each kernel keeps the schedule that ran fastest there. The record store is
 only read: what is chosen lives in the returned database.
+
+The kernel's default schedule (no record: the same pipeline with nothing applied) is one more candidate,
+timed right after the tuner's best: a few trials of a small kernel can all be slower than the loops
+as written (a tuned tiny CNN ran at 0.028 ms against 0.011 ms untuned), and no kernel ships slower
+in the model than its default.
 """
 
 from __future__ import annotations
@@ -34,10 +39,18 @@ _PREPACKED = "_prepacked"
 """Suffix compile_model's weight pre-packing gives a kernel's name."""
 
 
+DEFAULT_RANK = -1
+"""KernelChoice.rank of a kernel that keeps its default schedule: every tuned one ran slower in the model."""
+
+DEFAULT_MARGIN = 0.03
+"""The default schedule replaces the fastest tuned one only when it is faster by more than this fraction:
+timing noise inside the model is a few percent, and a tie keeps the tuned record."""
+
+
 @dataclass(frozen=True)
 class KernelChoice:
     rank: int
-    """The chosen schedule's rank by the tuner's own timing; 0 is the tuner's best."""
+    """The chosen schedule's rank by the tuner's own timing; 0 is the tuner's best, DEFAULT_RANK its default."""
     in_model_us: float
     """Its time per inference inside the model, over all calls of the kernels sharing its schedule."""
     tuner_best_in_model_us: float
@@ -64,11 +77,12 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
                      inputs: list[np.ndarray], device: tvm.runtime.Device, candidates: int,
                      winograd: WinogradPolicy | None = None, runs: int = 30,
                      deadline: float | None = None) -> Selection:
-    """The model's kernels each with the fastest in the model of their `candidates` best schedules.
+    """The model's kernels each with the fastest in the model of their `candidates` best schedules and
+    their default one.
 
     Runs the model on `device` in this process, so it is for targets measured on this machine.
     `deadline` (a `time.monotonic()` instant, the end of a tuning budget): after the tuner's best, a
-    rank is compiled and timed only if the previous one's time still fits before it.
+    model is compiled and timed only if the previous one's time still fits before it.
     """
     start = time.monotonic()
     records = _in_memory(database)
@@ -76,37 +90,49 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
     workload_of = {k.task_name: records.commit_workload(k.dispatched[0]) for k in ms_extract_tasks(fused, target)}
     ranked = {_key(w): _usable(records.get_top_k(w, candidates)) for w in workload_of.values()}
     ranked = {key: top for key, top in ranked.items() if top}
-    depth = max(map(len, ranked.values()), default=0)
-    if depth < 2:
-        return Selection(_pick(ranked, dict.fromkeys(ranked, 0)), {}, 0, time.monotonic() - start)
+    if not ranked:
+        return Selection(_pick(ranked, {}), {}, 0, time.monotonic() - start)
 
     arguments = [tvm.runtime.tensor(x, device) for x in inputs]
-    times = []  # per rank: workload key -> microseconds per inference
-    rank_s, stopped = 0.0, False
-    for rank in range(depth):
-        rank_started = time.monotonic()
-        if rank > 0 and deadline is not None and rank_started + rank_s > deadline:
+    depth = max(map(len, ranked.values()))
+    times: dict[int, dict[int, float]] = {}  # per rank (DEFAULT_RANK too): workload key -> us per inference
+    model_s, stopped = 0.0, False
+    for rank in [0, DEFAULT_RANK, *range(1, depth)]:
+        model_started = time.monotonic()
+        if rank != 0 and deadline is not None and model_started + model_s > deadline:
             stopped = True
             break
-        per_kernel = _time_in_model(relax_mod, target, _pick(ranked, dict.fromkeys(ranked, rank)), winograd,
-                                    arguments, device, runs)
-        per_workload: dict[int, float] = defaultdict(float)
-        for name, microseconds in per_kernel.items():
-            workload = workload_of.get(name, workload_of.get(name.removesuffix(_PREPACKED)))
-            if workload is not None:
-                per_workload[_key(workload)] += microseconds
-        times.append(per_workload)
-        rank_s = time.monotonic() - rank_started
+        picked = _pick(ranked, dict.fromkeys(ranked, rank))
+        times[rank] = _per_workload(_time_in_model(relax_mod, target, picked, winograd, arguments, device, runs),
+                                    workload_of)
+        model_s = time.monotonic() - model_started
 
     timed = [key for key in ranked if key in times[0]]  # a workload no kernel of the model ran keeps rank 0
-    chosen = dict.fromkeys(ranked, 0) | {
-        key: min(range(min(len(ranked[key]), len(times))), key=lambda r, key=key: (times[r].get(key, FAILED), r))
-        for key in timed}
+    chosen = dict.fromkeys(ranked, 0) | {key: _fastest(key, len(ranked[key]), times) for key in timed}
     choices = {name: KernelChoice(chosen[_key(w)], times[chosen[_key(w)]][_key(w)], times[0][_key(w)])
                for name, w in workload_of.items() if _key(w) in timed}
     return Selection(_pick(ranked, chosen), choices, len(times), time.monotonic() - start,
                      in_model_us=sum(times[chosen[key]][key] for key in timed),
                      tuner_best_in_model_us=sum(times[0][key] for key in timed), stopped_by_deadline=stopped)
+
+
+def _per_workload(per_kernel: dict[str, float], workload_of: dict[str, Workload]) -> dict[int, float]:
+    """Kernel times summed per tuned workload (kernels sharing a schedule, prepacked variants included)."""
+    per_workload: dict[int, float] = defaultdict(float)
+    for name, microseconds in per_kernel.items():
+        workload = workload_of.get(name, workload_of.get(name.removesuffix(_PREPACKED)))
+        if workload is not None:
+            per_workload[_key(workload)] += microseconds
+    return per_workload
+
+
+def _fastest(key: int, records: int, times: dict[int, dict[int, float]]) -> int:
+    """The rank of the workload's fastest tuned schedule in the model, or DEFAULT_RANK where its default
+    schedule beat that by more than DEFAULT_MARGIN."""
+    tuned = [rank for rank in times if 0 <= rank < records]
+    best = min(tuned, key=lambda rank: (times[rank].get(key, FAILED), rank))
+    default_us = times.get(DEFAULT_RANK, {}).get(key, FAILED)
+    return DEFAULT_RANK if default_us < times[best].get(key, FAILED) * (1 - DEFAULT_MARGIN) else best
 
 
 def rank_seconds(relax_mod: tvm.IRModule, target: tvm.target.Target, database: Database, inputs: list[np.ndarray],
@@ -142,10 +168,12 @@ def _usable(records: list[TuningRecord]) -> list[TuningRecord]:
 
 
 def _pick(ranked: dict[int, list[TuningRecord]], rank_of: dict[int, int]) -> MemoryDatabase:
-    """A database holding each workload's record of the given rank (its last where it has fewer)."""
+    """A database holding each workload's record of the given rank (its last where it has fewer); a
+    workload at DEFAULT_RANK gets no record, so it compiles with its default schedule."""
     picked = MemoryDatabase(module_equality=MODULE_EQUALITY)
     for key, top in ranked.items():
-        commit_record(picked, top[min(rank_of[key], len(top) - 1)])
+        if rank_of[key] != DEFAULT_RANK:
+            commit_record(picked, top[min(rank_of[key], len(top) - 1)])
     return picked
 
 

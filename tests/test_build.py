@@ -48,10 +48,11 @@ def test_a_local_build_chooses_each_kernels_schedule_inside_the_model(built) -> 
     _, summary, run = built
     host = summary["targets"]["host"]
     selection = host["selection"]
-    assert selection["candidates"] == 4 and selection["models_compiled"] == 2  # 2 trials: 2 schedules per task
-    assert {t["in_model_rank"] for t in host["tasks"]} <= {0, 1}
+    assert selection["candidates"] == 4 and selection["models_compiled"] == 3  # 2 schedules per task, defaults
+    assert {t["in_model_rank"] for t in host["tasks"]} <= {0, 1, None}
+    assert {t["name"] for t in host["tasks"] if t["kept_default"]} == set(selection["kernels_default"])
     assert 0 < selection["in_model_us"] <= selection["tuner_best_in_model_us"]
-    assert "best schedules inside the model" in run.stdout
+    assert "best schedules and its default inside the model" in run.stdout
 
 
 def test_a_time_budget_covers_choosing_schedules_inside_the_model(tmp_path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from edgetune.build.context import TargetBuild
-from edgetune.build.summary import TargetResult
+from edgetune.report.summary import TargetResult
 from edgetune.cuda_precompile import precompile_cuda
 
 
@@ -31,7 +31,7 @@ def compile_stage(ctx: TargetBuild, result: TargetResult, budget_ends: float | N
     samples = ctx.model.sample_inputs()
     database = ctx.store.database
     if ctx.candidates > 1:
-        ctx.say(f"timing each kernel's {ctx.candidates} best schedules inside the model")
+        ctx.say(f"timing each kernel's {ctx.candidates} best schedules and its default inside the model")
         database = _select_in_model(ctx, result, samples, budget_ends)
     ctx.say(f"compiling with the tuned records ({ctx.toolchain.cc.name})")
     executable = compile_model(ctx.relax_mod, ctx.tvm_target, database, ctx.winograd, on_skip=lambda why: ctx.say(
@@ -43,14 +43,15 @@ def compile_stage(ctx: TargetBuild, result: TargetResult, budget_ends: float | N
 
 def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, np.ndarray],
                      deadline: float | None):
-    """The database to compile with: each kernel's fastest in the model of its tuned best few.
+    """The database to compile with: each kernel's fastest in the model of its tuned best few and its default.
 
-    Fills the result's `selection` summary and each task's `in_model_rank` (0: the tuner's best).
+    Fills the result's `selection` summary and each task's `in_model_rank` (0: the tuner's best; None: not
+    compared, or `kept_default`: its default schedule beat every tuned one in the model).
     """
     import tvm
 
     from edgetune.runtime import use_cpu_threads
-    from edgetune.selection import select_schedules
+    from edgetune.selection import DEFAULT_RANK, select_schedules
 
     if ctx.profile.cpu_threads:
         use_cpu_threads(ctx.profile.cpu_threads)  # the threads the model is timed and shipped with
@@ -58,12 +59,14 @@ def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, 
                                  tvm.device(ctx.profile.device, 0), ctx.candidates, ctx.winograd, deadline=deadline)
     for task in result.tasks:
         choice = selection.choices.get(task["name"])
-        task["in_model_rank"] = choice.rank if choice else None
+        task["kept_default"] = choice is not None and choice.rank == DEFAULT_RANK
+        task["in_model_rank"] = choice.rank if choice and not task["kept_default"] else None
     result.selection = {
         "candidates": ctx.candidates,
         "models_compiled": selection.models_compiled,
         "seconds": selection.seconds,
         "kernels_changed": sorted(name for name, c in selection.choices.items() if c.rank > 0),
+        "kernels_default": sorted(name for name, c in selection.choices.items() if c.rank == DEFAULT_RANK),
         "in_model_us": selection.in_model_us,
         "tuner_best_in_model_us": selection.tuner_best_in_model_us,
         "stopped_by_budget": selection.stopped_by_deadline,

@@ -17,9 +17,20 @@ import edgetune
 from edgetune.build.compile import CompiledTarget
 from edgetune.build.context import TargetBuild
 from edgetune.build.measure import Latency
-from edgetune.build.summary import TargetResult
+from edgetune.report.summary import TargetResult
 from edgetune.package.artifact import stage_artifact
 from edgetune.package.deploy import build_program, stage_runtime
+from edgetune.package.manifest import (
+    LatencyFacts,
+    Manifest,
+    ModelFacts,
+    ModelInput,
+    RecipeFacts,
+    TargetFacts,
+    ToolchainFacts,
+    TuningFacts,
+    Verification,
+)
 from edgetune.package.runtime import runtime_files
 from edgetune.recipe import recipe_hash
 
@@ -30,7 +41,7 @@ class PackagedTarget:
     its manifest so far, and the bundled runtime's directory inside it (None when not bundled)."""
 
     directory: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     runtime_dir: Path | None
 
 
@@ -55,45 +66,47 @@ def package_stage(ctx: TargetBuild, result: TargetResult, compiled: CompiledTarg
 
 
 def _manifest(ctx: TargetBuild, result: TargetResult, compiled: CompiledTarget, latency: Latency,
-              inputs_hash: str, runtime_bundled: bool) -> dict[str, Any]:
-    recipe, model, profile = ctx.recipe, ctx.model, ctx.profile
-    return {
-        "edgetune_version": edgetune.__version__,
-        "build_inputs_sha256": inputs_hash,
-        "recipe": {"name": recipe.name, "sha256": recipe_hash(recipe)},
-        "model": {
-            "name": model.name,
-            "sha256": model.sha256,
-            "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in model.inputs],
-            "outputs": list(model.output_names),
-        },
-        "target": {
-            "name": ctx.name,
-            "profile": profile.name,
-            "device": profile.device,
-            "isa": profile.isa,
-            "arch": ctx.toolchain.arch,
-            "tvm_target": json.loads(json.dumps(profile.target)),
-            "tvm_host": json.loads(json.dumps(profile.host)),
-        },
-        "versions": _versions(),
-        "toolchain": ctx.toolchain.describe(),
-        "cuda_kernels": compiled.cuda_kernels,
-        "runtime_bundled": runtime_bundled,
-        "tuning": {
-            "search": recipe.tuning.search,
-            "trials_per_task": recipe.tuning.trials_per_task,
-            "time_budget_min": recipe.tuning.time_budget_min,
-            "seed": recipe.tuning.seed,
-            "winograd": recipe.tuning.winograd,
-            "tasks_total": result.tasks_total,
-            "trials_total": result.trials_total,
-            "tasks": result.tasks,
-        },
-        "latency_ms": latency.as_manifest(),
-        "measured_on": latency.measured_on,
-        "verification": {"reference": ctx.reference.name, "rtol": recipe.verify.rtol, "atol": recipe.verify.atol},
-    }
+              inputs_hash: str, runtime_bundled: bool) -> Manifest:
+    """Everything but the verification's outcome and the files' checksums, which the verify stage adds."""
+    recipe, model, profile, tuning = ctx.recipe, ctx.model, ctx.profile, ctx.recipe.tuning
+    return Manifest(
+        edgetune_version=edgetune.__version__,
+        build_inputs_sha256=inputs_hash,
+        recipe=RecipeFacts(name=recipe.name, sha256=recipe_hash(recipe)),
+        model=ModelFacts(
+            name=model.name,
+            sha256=model.sha256,
+            inputs=[ModelInput(name=i.name, shape=list(i.shape), dtype=i.dtype) for i in model.inputs],
+            outputs=list(model.output_names),
+        ),
+        target=TargetFacts(
+            name=ctx.name,
+            profile=profile.name,
+            device=profile.device,
+            isa=profile.isa,
+            arch=ctx.toolchain.arch,
+            tvm_target=json.loads(json.dumps(profile.target)),
+            tvm_host=json.loads(json.dumps(profile.host)),
+        ),
+        versions=_versions(),
+        toolchain=ToolchainFacts(**ctx.toolchain.describe()),
+        cuda_kernels=compiled.cuda_kernels,
+        runtime_bundled=runtime_bundled,
+        tuning=TuningFacts(
+            search=tuning.search,
+            trials_per_task=tuning.trials_per_task,
+            time_budget_min=tuning.time_budget_min,
+            seed=tuning.seed,
+            winograd=tuning.winograd,
+            tasks_total=result.tasks_total,
+            trials_total=result.trials_total,
+            tasks=result.tasks,
+        ),
+        latency_ms=LatencyFacts(**latency.as_manifest()),
+        measured_on=latency.measured_on,
+        verification=Verification(reference=ctx.reference.name, rtol=recipe.verify.rtol, atol=recipe.verify.atol),
+        files={},  # write_manifest lists them once the artifact is complete
+    )
 
 
 def _template_context(ctx: TargetBuild, latency: Latency) -> dict[str, Any]:

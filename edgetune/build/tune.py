@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from edgetune.build.context import Event, TargetBuild
-from edgetune.build.summary import TargetResult
+from edgetune.report.summary import TargetResult
 from edgetune.frontend.onnx import fuse_for_tuning
 from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.tasks import extract_tasks
@@ -113,7 +113,8 @@ def _transfer_summary(tuning: TuningResult, sibling_stores: dict, mode: str) -> 
 def _selection_reserve(ctx: TargetBuild):
     """The tuner's call for the seconds of its budget to keep for comparing schedules inside the model
     (build/compile.py): one compile and run of the model with the tuner's best so far, measured when the
-    tuner asks, per candidate rank (at most half the budget). None when there is nothing to keep."""
+    tuner asks, per candidate rank and one for the default schedules (at most half the budget). None when
+    there is nothing to keep."""
     if ctx.candidates <= 1 or ctx.budget_s is None:
         return None
 
@@ -125,9 +126,9 @@ def _selection_reserve(ctx: TargetBuild):
         samples = ctx.model.sample_inputs()
         one_rank = rank_seconds(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
                                 tvm.device(ctx.profile.device, 0), ctx.winograd)
-        kept = min(ctx.candidates * one_rank, ctx.budget_s / 2)
+        kept = min((ctx.candidates + 1) * one_rank, ctx.budget_s / 2)
         ctx.say(f"one compile and run of the model took {one_rank:.0f} s: the tuning budget keeps {kept:.0f} s for "
-                f"comparing each kernel's {ctx.candidates} best schedules inside the model")
+                f"comparing each kernel's {ctx.candidates} best schedules and its default inside the model")
         return kept
 
     return reserve

@@ -10,13 +10,14 @@ from pathlib import Path
 
 from edgetune.archive import archive_directory
 from edgetune.build.context import TargetBuild
-from edgetune.build.summary import TargetResult
+from edgetune.report.summary import TargetResult
 from edgetune.build.package import PackagedTarget
 from edgetune.package.artifact import replace_owned_directory, write_manifest
 from edgetune.package.deploy import build_program, missing_runner_hint, runner_for, stage_runtime
+from edgetune.package.manifest import Manifest, Verification
 from edgetune.package.runtime import runtime_files
 from edgetune.package.signing import sign_manifest
-from edgetune.package.verify import OutputCheck, checksum_problems, read_manifest
+from edgetune.package.verify import OutputCheck, checksum_problems, load_manifest
 
 
 def verify_stage(ctx: TargetBuild, result: TargetResult, packaged: PackagedTarget) -> None:
@@ -26,8 +27,9 @@ def verify_stage(ctx: TargetBuild, result: TargetResult, packaged: PackagedTarge
     ctx.say(f"verifying the packaged artifact against {reference}")
     manifest = packaged.manifest
     try:
-        manifest["verification"].update(_verify_shipped(ctx, packaged))
-        write_manifest(packaged.directory, manifest)
+        verified = {**manifest.verification.model_dump(exclude_unset=True), **_verify_shipped(ctx, packaged)}
+        verification = Verification(**verified)
+        write_manifest(packaged.directory, manifest.model_copy(update={"verification": verification}))
         if ctx.signer is not None:
             sign_manifest(packaged.directory, ctx.signer)
         replace_owned_directory(packaged.directory, ctx.artifact_dir)
@@ -35,34 +37,34 @@ def verify_stage(ctx: TargetBuild, result: TargetResult, packaged: PackagedTarge
         shutil.rmtree(packaged.directory, ignore_errors=True)
         raise
     archive_directory(ctx.artifact_dir, ctx.archive)
-    fill_from_manifest(result, read_manifest(ctx.artifact_dir), ctx.artifact_dir, ctx.archive)
-    problems = checksum_problems(ctx.artifact_dir, read_manifest(ctx.artifact_dir))
-    verification = manifest["verification"]
+    written = load_manifest(ctx.artifact_dir)
+    fill_from_manifest(result, written, ctx.artifact_dir, ctx.archive)
+    problems = checksum_problems(ctx.artifact_dir, written)
     if problems:
         result.error = f"target '{ctx.name}': packaged artifact is inconsistent: " + "; ".join(problems)
-    elif verification["matches"] is False:
+    elif verification.matches is False:
         result.error = (
             f"target '{ctx.name}': output differs from {reference}'s by up to "
-            f"{verification['max_abs_error']:.3g} (rtol {ctx.recipe.verify.rtol}, atol {ctx.recipe.verify.atol}); "
+            f"{verification.max_abs_error:.3g} (rtol {ctx.recipe.verify.rtol}, atol {ctx.recipe.verify.atol}); "
             f"the artifact in {ctx.artifact_dir} is not verified"
         )
 
 
-def fill_from_manifest(result: TargetResult, manifest: dict, artifact_dir: Path, archive: Path) -> None:
+def fill_from_manifest(result: TargetResult, manifest: Manifest, artifact_dir: Path, archive: Path) -> None:
     """The result's artifact, latency and verification fields, as the (new or kept) manifest states them."""
-    latency = manifest["latency_ms"]
+    latency = manifest.latency_ms
     result.artifact = str(archive)
     result.artifact_dir = str(artifact_dir)
-    result.latency_ms = latency["tuned"]
-    result.untuned_latency_ms = latency["untuned"]
-    result.reference_latency_ms = latency["onnxruntime"]
-    verification = manifest["verification"]
-    result.verified = verification["matches"] is True
+    result.latency_ms = latency.tuned
+    result.untuned_latency_ms = latency.untuned
+    result.reference_latency_ms = latency.onnxruntime
+    verification = manifest.verification
+    result.verified = verification.matches is True
     result.verification = (
-        "matched" if verification["matches"] else "mismatch" if verification["matches"] is False
-        else f"not run: {verification['not_run']}"
+        "matched" if verification.matches else "mismatch" if verification.matches is False
+        else f"not run: {verification.not_run}"
     )
-    result.max_abs_error = verification["max_abs_error"]
+    result.max_abs_error = verification.max_abs_error
 
 
 def _verify_shipped(ctx: TargetBuild, packaged: PackagedTarget) -> dict:
@@ -72,8 +74,8 @@ def _verify_shipped(ctx: TargetBuild, packaged: PackagedTarget) -> dict:
     artifact_dir, manifest, toolchain = packaged.directory, packaged.manifest, ctx.toolchain
     checks: list[tuple[str, OutputCheck]] = []
     reasons = []
-    if manifest["target"]["device"] != "cpu":
-        reasons.append(f"no {manifest['target']['device']} device on this machine")
+    if manifest.target.device != "cpu":
+        reasons.append(f"no {manifest.target.device} device on this machine")
     else:
         if toolchain.native:
             checks.append(("TVM's Python runtime, this machine", check_native_outputs(artifact_dir, manifest)))

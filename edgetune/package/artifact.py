@@ -15,7 +15,7 @@ import io
 import json
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import numpy as np
 from edgetune.errors import InputError
 from edgetune.ownership import MARKER_NAME, foreign_directory_problem, mark_owned
 from edgetune.package.escaping import code_value, excerpt_for_error, markdown_text
+from edgetune.package.manifest import Manifest, manifest_text
 
 LIBRARY_NAME = "model.so"
 MANIFEST_NAME = "manifest.json"
@@ -193,11 +194,15 @@ def artifact_files(directory: Path) -> list[Path]:
                   if p.is_file() and p.relative_to(directory) not in unlisted)
 
 
-def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
-    """`manifest.json` with a `files` entry: the sha256 of every other file of the artifact."""
+def write_manifest(directory: Path, manifest: Manifest | Mapping[str, Any]) -> Path:
+    """`manifest.json` with its `files`: the sha256 of every other file of the artifact. `manifest` is the
+    build's Manifest, or any JSON object (a partial or altered manifest, as a test or a tool makes one)."""
     files = {str(p): sha256_file(directory / p) for p in artifact_files(directory)}
     path = directory / MANIFEST_NAME
-    path.write_text(json.dumps({**manifest, "files": files}, indent=2, sort_keys=True) + "\n")
+    if isinstance(manifest, Manifest):
+        path.write_text(manifest.model_copy(update={"files": files}).text())
+    else:
+        path.write_text(manifest_text({**manifest, "files": files}))
     return path
 
 

@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from edgetune.package.artifact import (
     save_arrays,
     sha256_file,
 )
+from edgetune.package.manifest import Manifest, parse_manifest
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -43,8 +45,9 @@ class OutputCheck:
     max_abs_error: float
 
 
-def read_manifest(directory: Path) -> dict:
-    """The manifest as a JSON object; InputError when it is missing, not JSON or not an object."""
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest's JSON object, its fields not yet checked; InputError when it is missing, not JSON or not
+    an object. `load_manifest` checks the fields."""
     path = directory / MANIFEST_NAME
     try:
         manifest = json.loads(path.read_text())
@@ -59,69 +62,28 @@ def read_manifest(directory: Path) -> dict:
     return manifest
 
 
-_NUMBER = (int, float)
-_SCHEMA: dict[str, Any] = {
-    "files": dict,
-    "target": {"device": str, "arch": str},
-    "model": {"inputs": list, "outputs": list},
-    "verification": {"rtol": _NUMBER, "atol": _NUMBER},
-}
+def load_manifest(directory: Path) -> Manifest:
+    """The artifact's manifest, every field checked: InputError with one located message per field that is
+    missing, of the wrong type, too long, not a sha256, or a listed path that leaves the artifact."""
+    return parse_manifest(read_manifest(directory), directory / MANIFEST_NAME)
 
 
-def manifest_problems(manifest: dict, path: Path) -> list[str]:
-    """One located message per field `verify` needs that is missing or of the wrong type."""
-    problems = _schema_problems(manifest, _SCHEMA, "", path)
-    model = manifest.get("model")
-    if isinstance(model, dict) and isinstance(model.get("inputs"), list) and isinstance(model.get("outputs"), list):
-        for index, entry in enumerate(model["inputs"]):
-            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-                problems.append(f"{path}: model.inputs[{index}]: expected an object with a string 'name'")
-        for index, name in enumerate(model["outputs"]):
-            if not isinstance(name, str):
-                problems.append(f"{path}: model.outputs[{index}]: expected a string")
-    files = manifest.get("files")
-    for name, digest in files.items() if isinstance(files, dict) else ():
-        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
-            problems.append(f"{path}: files[{name!r}]: expected a sha256 (64 hex digits)")
-    return problems
-
-
-def _schema_problems(value: dict, schema: dict[str, Any], prefix: str, path: Path) -> list[str]:
-    problems = []
-    for key, expected in schema.items():
-        field = f"{prefix}{key}"
-        if key not in value:
-            problems.append(f"{path}: {field}: missing (an edgetune manifest has it)")
-        elif isinstance(expected, dict):
-            if isinstance(value[key], dict):
-                problems.extend(_schema_problems(value[key], expected, f"{field}.", path))
-            else:
-                problems.append(f"{path}: {field}: expected an object, found {type(value[key]).__name__}")
-        elif not isinstance(value[key], expected) or isinstance(value[key], bool):
-            wanted = "a number" if expected is _NUMBER else f"a {expected.__name__}"
-            problems.append(f"{path}: {field}: expected {wanted}, found {type(value[key]).__name__}")
-    return problems
-
-
-def listing_problems(directory: Path, manifest: dict) -> list[str]:
-    """Manifest entries that point outside the artifact: absolute, `..`, or through a symbolic link."""
+def link_problems(directory: Path, manifest: Manifest) -> list[str]:
+    """Listed files reached through a symbolic link (the manifest's paths are already relative and inside)."""
     problems = []
     inside = directory.resolve()
-    for name in manifest.get("files", {}):
+    for name in manifest.files:
         parts = PurePosixPath(name).parts
-        if not parts or name.startswith(("/", "\\")) or ".." in parts or "\\" in name or ":" in parts[0]:
-            problems.append(f"{directory / MANIFEST_NAME}: files[{name!r}]: points outside the artifact; "
-                            "expected a relative path inside it")
-            continue
         steps = [directory.joinpath(*parts[:i]) for i in range(1, len(parts) + 1)]
         if any(step.is_symlink() for step in steps) or not (directory / name).resolve().is_relative_to(inside):
             problems.append(f"{directory / name}: a symbolic link; an artifact holds only regular files")
     return problems
 
 
-def checksum_problems(directory: Path, manifest: dict) -> list[str]:
-    """One message per file that is missing, altered, or not listed in the manifest."""
-    listed: dict[str, str] = manifest.get("files", {})
+def checksum_problems(directory: Path, manifest: Manifest | Mapping[str, Any]) -> list[str]:
+    """One message per file that is missing, altered, or not listed in the manifest. `manifest` may also be
+    a JSON object `read_manifest` returned: only its `files` is read."""
+    listed: Mapping[str, str] = manifest.files if isinstance(manifest, Manifest) else manifest.get("files", {})
     problems = []
     for name, expected in sorted(listed.items()):
         path = directory / name
@@ -148,47 +110,47 @@ def compare_outputs(outputs: dict[str, np.ndarray], reference: dict[str, np.ndar
     return OutputCheck(matches, worst)
 
 
-def _sample(directory: Path, manifest: dict) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+def _sample(directory: Path, manifest: Manifest) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
     try:
         with np.load(directory / SAMPLE_INPUT_NAME, allow_pickle=False) as data:
-            inputs = [data[i["name"]] for i in manifest["model"]["inputs"]]
+            inputs = [data[i.name] for i in manifest.model.inputs]
         with np.load(directory / REFERENCE_OUTPUT_NAME, allow_pickle=False) as data:
-            reference = {name: data[name] for name in manifest["model"]["outputs"]}
+            reference = {name: data[name] for name in manifest.model.outputs}
     except (OSError, ValueError, KeyError) as exc:
         raise InputError(f"{directory}: the sample input or reference output does not match {MANIFEST_NAME}'s "
                          f"model inputs and outputs ({exc})") from exc
     return inputs, reference
 
 
-def check_remote_outputs(directory: Path, manifest: dict, remote: RemoteDevice) -> OutputCheck:
+def check_remote_outputs(directory: Path, manifest: Manifest, remote: RemoteDevice) -> OutputCheck:
     """Run the artifact's library on the device, over RPC, on its sample input; compare with the reference."""
     from edgetune.fleet.session import remote_outputs
 
     inputs, reference = _sample(directory, manifest)
-    outputs = dict(zip(manifest["model"]["outputs"], remote_outputs(remote, directory / LIBRARY_NAME, inputs)))
-    tolerance = manifest["verification"]
-    return compare_outputs(outputs, reference, tolerance["rtol"], tolerance["atol"])
+    outputs = dict(zip(manifest.model.outputs, remote_outputs(remote, directory / LIBRARY_NAME, inputs)))
+    tolerance = manifest.verification
+    return compare_outputs(outputs, reference, tolerance.rtol, tolerance.atol)
 
 
-def _native_outputs(directory: Path, manifest: dict) -> dict[str, np.ndarray]:
+def _native_outputs(directory: Path, manifest: Manifest) -> dict[str, np.ndarray]:
     import tvm
 
     from edgetune.runtime import load_library, run
 
-    device = tvm.device(manifest["target"]["device"], 0)
+    device = tvm.device(manifest.target.device, 0)
     inputs, _ = _sample(directory, manifest)
-    return dict(zip(manifest["model"]["outputs"], run(load_library(directory / LIBRARY_NAME, device), inputs, device)))
+    return dict(zip(manifest.model.outputs, run(load_library(directory / LIBRARY_NAME, device), inputs, device)))
 
 
-def check_native_outputs(directory: Path, manifest: dict) -> OutputCheck:
+def check_native_outputs(directory: Path, manifest: Manifest) -> OutputCheck:
     """Load the artifact's library in this process with TVM's runtime and compare on the sample input:
     for an artifact this process just built; `verify` runs one from elsewhere in a child process."""
     _, reference = _sample(directory, manifest)
-    tolerance = manifest["verification"]
-    return compare_outputs(_native_outputs(directory, manifest), reference, tolerance["rtol"], tolerance["atol"])
+    tolerance = manifest.verification
+    return compare_outputs(_native_outputs(directory, manifest), reference, tolerance.rtol, tolerance.atol)
 
 
-def check_native_outputs_isolated(directory: Path, manifest: dict) -> OutputCheck:
+def check_native_outputs_isolated(directory: Path, manifest: Manifest) -> OutputCheck:
     """Run the library in a child Python process that hands back only an .npz of plain arrays."""
     _, reference = _sample(directory, manifest)
     with tempfile.TemporaryDirectory(prefix="edgetune-verify-") as scratch:
@@ -207,8 +169,8 @@ def check_native_outputs_isolated(directory: Path, manifest: dict) -> OutputChec
                 outputs = {name: data[name] for name in data.files}
         except (OSError, ValueError) as exc:
             raise _child_failed(directory, f"its outputs cannot be read ({exc})")
-    tolerance = manifest["verification"]
-    return compare_outputs(outputs, reference, tolerance["rtol"], tolerance["atol"])
+    tolerance = manifest.verification
+    return compare_outputs(outputs, reference, tolerance.rtol, tolerance.atol)
 
 
 def _child_failed(directory: Path, why: str) -> BuildError:
@@ -218,18 +180,18 @@ def _child_failed(directory: Path, why: str) -> BuildError:
 def run_child(directory: str, outputs_path: str) -> None:
     """The child's side: load and run the (already checksummed) artifact, save its outputs."""
     artifact = Path(directory)
-    save_arrays(Path(outputs_path), _native_outputs(artifact, read_manifest(artifact)))
+    save_arrays(Path(outputs_path), _native_outputs(artifact, load_manifest(artifact)))
 
 
-def check_program_outputs(directory: Path, manifest: dict, program: Path, lib_dir: Path) -> OutputCheck:
+def check_program_outputs(directory: Path, manifest: Manifest, program: Path, lib_dir: Path) -> OutputCheck:
     """Run the C++ deploy program on the sample input (under qemu-user for another architecture)."""
     from edgetune.package.deploy import run_program
 
     inputs, reference = _sample(directory, manifest)
     shapes = {name: (value.shape, str(value.dtype)) for name, value in reference.items()}
-    outputs = run_program(program, directory / LIBRARY_NAME, inputs, shapes, manifest["target"]["arch"], lib_dir)
-    tolerance = manifest["verification"]
-    return compare_outputs(outputs, reference, tolerance["rtol"], tolerance["atol"])
+    outputs = run_program(program, directory / LIBRARY_NAME, inputs, shapes, manifest.target.arch, lib_dir)
+    tolerance = manifest.verification
+    return compare_outputs(outputs, reference, tolerance.rtol, tolerance.atol)
 
 
 @dataclass
@@ -250,10 +212,10 @@ def verify_artifact(path: Path, remote: RemoteDevice | None = None,
         return _verify_archive(path, remote, trusted_key)
     if not path.is_dir():
         raise InputError(f"{path}: no such artifact directory or .tar.gz")
-    manifest = read_manifest(path)
-    invalid = manifest_problems(manifest, path / MANIFEST_NAME) + listing_problems(path, manifest)
-    if invalid:
-        raise InputError(invalid)
+    manifest = load_manifest(path)
+    linked = link_problems(path, manifest)
+    if linked:
+        raise InputError(linked)
     if trusted_key is not None:
         from edgetune.package.signing import signature_problem
 
@@ -290,16 +252,15 @@ def _verify_archive(path: Path, remote: RemoteDevice | None, trusted_key: Ed2551
         return report
 
 
-def _run_checked(path: Path, manifest: dict, remote: RemoteDevice | None) -> VerifyReport:
+def _run_checked(path: Path, manifest: Manifest, remote: RemoteDevice | None) -> VerifyReport:
     """The output check of an artifact whose files all match its manifest."""
     if remote is not None:
-        on_device = dataclasses.replace(remote, device=manifest["target"]["device"])
+        on_device = dataclasses.replace(remote, device=manifest.target.device)
         return VerifyReport([], check_remote_outputs(path, manifest, on_device))
     from edgetune.package.deploy import missing_runner_hint, runner_for
     from edgetune.profiles import machine_isa
 
-    target = manifest["target"]
-    arch, device = target["arch"], target["device"]
+    arch, device = manifest.target.arch, manifest.target.device
     if device == "cpu" and arch == machine_isa():
         return VerifyReport([], check_native_outputs_isolated(path, manifest))
     program = path / "bin" / "deploy"

@@ -18,23 +18,17 @@ import jinja2
 from matplotlib import style, ticker
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from pydantic import ValidationError
 
 from edgetune.errors import InputError
+from edgetune.package.artifact import MANIFEST_NAME
+from edgetune.package.manifest import Manifest, parse_manifest
+from edgetune.report.summary import SUMMARY_NAME, TargetResult
 
 REPORT_NAME = "report.html"
-# The same name as pipeline.SUMMARY_NAME; importing it would load TVM for `edgetune report`.
-_SUMMARY_NAME = "summary.json"
-_MANIFEST_NAME = "manifest.json"
 _DPI = 100
 _LINESTYLES = ("-", "--", ":", "-.")  # after the 10 colours of the cycle, so 40 tasks stay distinct
 
-_TARGET_DEFAULTS: dict[str, Any] = {
-    "artifact": None, "latency_ms": None, "untuned_latency_ms": None, "reference_latency_ms": None,
-    "verified": False, "max_abs_error": None, "trials_measured": 0, "trials_total": 0, "tuning_s": None,
-    "kept_for_selection_s": 0.0, "tasks": [],
-    "reused": False, "error": None, "wall_s": None, "records": None, "transfer": None,
-    "selection": None,
-}
 _TASK_DEFAULTS: dict[str, Any] = {
     "weight": 1, "trials": 0, "trials_measured_now": 0, "best_us": None, "gflops": None, "skipped_for_budget": False,
     "space_exhausted": False, "candidates": None, "search_fallback": None, "tuning_failed": None,
@@ -72,16 +66,17 @@ _TEMPLATES.filters.update(ms=_ms, us=_us, speedup=_speedup, seconds=_seconds)
 
 def render_report(build_dir: Path) -> Path:
     """Write `build_dir/report.html` from the build's stored files and return its path."""
-    summary = _read_json(build_dir / _SUMMARY_NAME, "build summary")
+    summary = _read_json(build_dir / SUMMARY_NAME, "build summary")
     raw_targets = summary.get("targets")
     if not isinstance(summary.get("recipe"), str) or not isinstance(raw_targets, dict):
-        raise InputError(f"{build_dir / _SUMMARY_NAME}: not an edgetune build summary (no recipe or targets)")
-    targets = [_target_view(build_dir, name, result) for name, result in raw_targets.items()]
+        raise InputError(f"{build_dir / SUMMARY_NAME}: not an edgetune build summary (no recipe or targets)")
+    targets = [_target_view(build_dir, name, _target_result(build_dir, name, raw))
+               for name, raw in raw_targets.items()]
     html = _TEMPLATES.get_template("report.html.j2").render(
         recipe=summary["recipe"],
         ok=bool(summary.get("ok")),
         targets=targets,
-        failed=[t for t in targets if t["result"]["error"]],
+        failed=[t for t in targets if t["result"].error],
     )
     path = build_dir / REPORT_NAME
     path.write_text(html)
@@ -128,31 +123,40 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
-def _target_view(build_dir: Path, name: str, raw: Any) -> dict[str, Any]:
-    """Everything the template shows for one target, with the numbers derived here rather than in Jinja."""
+def _target_result(build_dir: Path, name: str, raw: Any) -> TargetResult:
+    """A target's entry of the summary, typed; InputError naming each field that is not what a build writes."""
+    where = f"{build_dir / SUMMARY_NAME}: targets.{name}"
     if not isinstance(raw, dict):
-        raise InputError(f"{build_dir / _SUMMARY_NAME}: targets.{name}: not a target result")
-    result = {**_TARGET_DEFAULTS, **raw}
-    manifest_path = build_dir / name / _MANIFEST_NAME
+        raise InputError(f"{where}: not a target result")
+    try:
+        return TargetResult.model_validate(raw)
+    except ValidationError as exc:
+        raise InputError([f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]) from None
+
+
+def _target_view(build_dir: Path, name: str, result: TargetResult) -> dict[str, Any]:
+    """Everything the template shows for one target, with the numbers derived here rather than in Jinja."""
+    manifest_path = build_dir / name / MANIFEST_NAME
     # The target's record store (summaries before per-device stores: work/<target>/records).
-    log_path = build_dir / (result["records"] or f"work/{name}/records") / "tuning_log.jsonl"
+    log_path = build_dir / (result.records or f"work/{name}/records") / "tuning_log.jsonl"
     view: dict[str, Any] = {
-        "name": name, "result": result, "tasks": _task_rows(result["tasks"]), "speedup_untuned": None,
+        "name": name, "result": result, "tasks": _task_rows(result.tasks), "speedup_untuned": None,
         "speedup_reference": None, "manifest_path": str(manifest_path), "manifest": None,
         "latency_chart": None, "curve_chart": None, "log_path": str(log_path),
     }
-    if result["error"]:  # a failed target: its error, and nothing that could be mistaken for its numbers
+    if result.error:  # a failed target: its error, and nothing that could be mistaken for its numbers
         return view
-    tuned = result["latency_ms"]
+    tuned = result.latency_ms
     if tuned:
-        view["speedup_untuned"] = _ratio(result["untuned_latency_ms"], tuned)
-        view["speedup_reference"] = _ratio(result["reference_latency_ms"], tuned)
-        view["latency_chart"] = _latency_chart(tuned, result["untuned_latency_ms"], result["reference_latency_ms"])
+        view["speedup_untuned"] = _ratio(result.untuned_latency_ms, tuned)
+        view["speedup_reference"] = _ratio(result.reference_latency_ms, tuned)
+        view["latency_chart"] = _latency_chart(tuned, result.untuned_latency_ms, result.reference_latency_ms)
     if manifest_path.is_file():
-        view["manifest"] = _manifest_facts(_read_json(manifest_path, "artifact manifest"), result)
+        manifest = parse_manifest(_read_json(manifest_path, "artifact manifest"), manifest_path)
+        view["manifest"] = _manifest_facts(manifest, result)
     curves = tuning_curves(log_path)
     if curves:
-        order = [t["name"] for t in result["tasks"] if t["name"] in curves]
+        order = [t["name"] for t in result.tasks if t["name"] in curves]
         view["curve_chart"] = _curve_chart([(task, curves[task]) for task in order + sorted(curves.keys() - order)])
     return view
 
@@ -169,48 +173,46 @@ def _task_rows(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**t, "share": cost / total if cost is not None and total else None} for t, cost in zip(tasks, costs)]
 
 
-def _manifest_facts(manifest: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
-    """The manifest as labelled rows: tolerant of a field an older edgetune did not write."""
-    target, model, tuning = manifest.get("target", {}), manifest.get("model", {}), manifest.get("tuning", {})
-    verification = manifest.get("verification", {})
-    inputs = ", ".join(f"{i.get('name')} {i.get('dtype')}{list(i.get('shape', []))}" for i in model.get("inputs", []))
-    tasks_total = tuning.get("tasks_total")
+def _manifest_facts(manifest: Manifest, result: TargetResult) -> dict[str, Any]:
+    """The manifest as labelled rows: a field an older edgetune did not write shows as None."""
+    target, model, tuning, verification = manifest.target, manifest.model, manifest.tuning, manifest.verification
+    inputs = ", ".join(f"{i.name} {i.dtype}{list(i.shape or [])}" for i in model.inputs)
+    tasks_total = tuning.tasks_total
     return {
         "device": [
-            ("profile", target.get("profile")),
-            ("ISA", target.get("isa")),
-            ("TVM device", target.get("device")),
-            ("TVM target", json.dumps(target.get("tvm_target"), sort_keys=True)),
-            ("measured on", manifest.get("measured_on")),
+            ("profile", target.profile),
+            ("ISA", target.isa),
+            ("TVM device", target.device),
+            ("TVM target", json.dumps(target.tvm_target, sort_keys=True)),
+            ("measured on", manifest.measured_on),
         ],
-        "contributions": [_transfer_line(result.get("transfer"), len(result["tasks"])),
-                          _search_line(tuning.get("search"), result),
-                          _selection_line(result.get("selection"), result["kept_for_selection_s"])],
+        "contributions": [_transfer_line(result.transfer, len(result.tasks)),
+                          _search_line(tuning.search, result),
+                          _selection_line(result.selection, result.kept_for_selection_s)],
         "tuning": [
-            ("this build measured", f"{result['trials_measured']} candidates"
-                                    + (f" in {result['tuning_s']:.0f} s" if result["tuning_s"] else "")),
-            ("trials per task", tuning.get("trials_per_task")),
-            ("time budget", f"{tuning['time_budget_min']} min" if tuning.get("time_budget_min") else "none"),
-            ("seed", tuning.get("seed")),
-            ("tasks tuned", f"{len(result['tasks'])} of {tasks_total}"),
+            ("this build measured", f"{result.trials_measured} candidates"
+                                    + (f" in {result.tuning_s:.0f} s" if result.tuning_s else "")),
+            ("trials per task", tuning.trials_per_task),
+            ("time budget", f"{tuning.time_budget_min} min" if tuning.time_budget_min else "none"),
+            ("seed", tuning.seed),
+            ("tasks tuned", f"{len(result.tasks)} of {tasks_total}"),
         ],
-        "untuned_tasks": tasks_total - len(result["tasks"]) if isinstance(tasks_total, int) else 0,
+        "untuned_tasks": tasks_total - len(result.tasks) if tasks_total is not None else 0,
         "verification": [
-            ("reference", verification.get("reference")),
-            ("max abs error", f"{verification['max_abs_error']:.3g}"
-                if verification.get("max_abs_error") is not None else None),
-            ("tolerance", f"rtol {verification.get('rtol')}, atol {verification.get('atol')}"),
-            ("matches", "yes" if verification.get("matches") else "no"),
+            ("reference", verification.reference),
+            ("max abs error", f"{verification.max_abs_error:.3g}" if verification.max_abs_error is not None else None),
+            ("tolerance", f"rtol {verification.rtol}, atol {verification.atol}"),
+            ("matches", "yes" if verification.matches else "no"),
         ],
         "model": [
-            ("model", model.get("name")),
-            ("model sha256", model.get("sha256")),
+            ("model", model.name),
+            ("model sha256", model.sha256),
             ("inputs", inputs),
-            ("recipe sha256", manifest.get("recipe", {}).get("sha256")),
-            ("build inputs sha256", manifest.get("build_inputs_sha256")),
+            ("recipe sha256", manifest.recipe.sha256),
+            ("build inputs sha256", manifest.build_inputs_sha256),
         ],
-        "versions": [("edgetune", manifest.get("edgetune_version")), *sorted(manifest.get("versions", {}).items())],
-        "files": sorted(manifest.get("files", {}).items()),
+        "versions": [("edgetune", manifest.edgetune_version), *sorted(manifest.versions.items())],
+        "files": sorted(manifest.files.items()),
     }
 
 
@@ -235,31 +237,32 @@ def _selection_line(selection: dict[str, Any] | None, kept_s: float) -> str:
     if selection is None:
         return "schedules: the tuner's best for every kernel (not compared inside the model on this target)"
     if not selection["models_compiled"]:
-        return "schedules: the tuner's best for every kernel (no kernel had two to compare inside the model)"
-    changed = selection["kernels_changed"]
+        return "schedules: the tuner's best for every kernel (no kernel had a tuned schedule to compare)"
+    changed, kept_default = selection["kernels_changed"], selection.get("kernels_default", [])
     budget = ""
     if kept_s:
         budget = f"; the tuning budget kept {kept_s:.0f} s for it"
         if selection.get("stopped_by_budget"):
-            budget += f" and its end stopped it after {selection['models_compiled']} ranks"
-    return (f"schedules: each kernel's {selection['candidates']} best compared inside the model "
+            budget += f" and its end stopped it after {selection['models_compiled']} models"
+    return (f"schedules: each kernel's {selection['candidates']} best and its default compared inside the model "
             f"({selection['models_compiled']} models compiled, {selection['seconds']:.0f} s{budget}); another "
-            f"than the tuner's best ran faster there for {len(changed)} kernels; the kernels took "
+            f"than the tuner's best ran faster there for {len(changed)} kernels, and the default schedule beat "
+            f"every tuned one for {len(kept_default)}; the kernels took "
             f"{selection['tuner_best_in_model_us']:.0f} us per inference with the tuner's best, "
             f"{selection['in_model_us']:.0f} us with those chosen")
 
 
-def _search_line(search: str | None, result: dict[str, Any]) -> str:
+def _search_line(search: str | None, result: TargetResult) -> str:
     """Candidates per stage of draft-then-verify in this build (the stock search has one stage)."""
-    counts = [t["candidates"] for t in result["tasks"] if t.get("candidates")]
+    counts = [t["candidates"] for t in result.tasks if t.get("candidates")]
     if search != "draft-verify" or not counts:
-        return f"search: {search}, candidates measured in this build: {result['trials_measured']}"
+        return f"search: {search}, candidates measured in this build: {result.trials_measured}"
     total = {stage: sum(c[stage] for c in counts) for stage in ("explored", "drafted", "verified")}
-    fallbacks = sum(1 for t in result["tasks"] if t.get("search_fallback"))
+    fallbacks = sum(1 for t in result.tasks if t.get("search_fallback"))
     return (f"search: draft-verify, in this build: {total['explored']:,} candidates scored by the analyzer, "
             f"{total['drafted']:,} drafted, {total['verified']:,} verified by the learned model, "
-            f"{result['trials_measured']:,} measured"
-            + (f"; {fallbacks} of {len(result['tasks'])} tasks fell back (see Tasks)" if fallbacks else ""))
+            f"{result.trials_measured:,} measured"
+            + (f"; {fallbacks} of {len(result.tasks)} tasks fell back (see Tasks)" if fallbacks else ""))
 
 
 def _latency_chart(tuned: float, untuned: float | None, reference: float | None) -> str:

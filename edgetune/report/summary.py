@@ -1,17 +1,22 @@
-"""What a build produced: per target and for the recipe; `summary.json` and `--json` are made of these."""
+"""What a build produced: per target and for the recipe; `summary.json` and `--json` are made of these.
+
+Defined in the report's layer because the report reads summaries and the build stages, a later layer,
+fill them in. A release's worker sends its target's result
+as this JSON, and the release parses it back with `TargetResult.model_validate`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from pydantic import BaseModel
 
 SUMMARY_NAME = "summary.json"
 """Written beside the artifacts by every build: the same JSON as `--json`."""
 
 
-@dataclass
-class TargetResult:
-    """What a build produced for one target."""
+class TargetResult(BaseModel):
+    """What a build produced for one target; the stages fill it in as they go."""
 
     name: str
     artifact: str | None = None
@@ -26,34 +31,41 @@ class TargetResult:
     trials_total: int = 0
     tuning_s: float = 0.0  # tuning wall time in this build
     kept_for_selection_s: float = 0.0  # of the tuning budget, left to comparing schedules inside the model
-    tasks: list[dict[str, Any]] = field(default_factory=list)
+    tasks: list[dict[str, Any]] = []
     tasks_total: int = 0
     reused: bool = False  # inputs unchanged: the packaged artifact was kept
     records: str | None = None  # the target's record store: relative to the build directory, or absolute
     transfer: dict[str, Any] | None = None  # what its siblings' records contributed (None: no siblings)
     selection: dict[str, Any] | None = None  # schedules compared inside the model (None: not done)
-    tuning_failed: list[str] = field(default_factory=list)  # "<task>: <ExcType>: <message>"; kept their best so far
+    tuning_failed: list[str] = []  # "<task>: <ExcType>: <message>"; kept their best so far
     device: dict[str, Any] | None = None  # arch, via ("local"/"rpc"), emulated, key: fleet.endpoints.device_summary
     error: str | None = None
     wall_s: float = 0.0
 
+    def __init__(self, name: str, **fields: Any) -> None:
+        """`TargetResult(name, ...)`, the target's name first, as the stages make one."""
+        super().__init__(name=name, **fields)
 
-@dataclass
-class BuildResult:
+
+class BuildResult(BaseModel):
     """Every target of one recipe's build."""
 
     recipe: str
     output_dir: str
-    targets: dict[str, TargetResult] = field(default_factory=dict)
+    targets: dict[str, TargetResult] = {}
+
+    def __init__(self, recipe: str, output_dir: str, **fields: Any) -> None:
+        super().__init__(recipe=recipe, output_dir=output_dir, **fields)
 
     @property
     def ok(self) -> bool:
         return all(t.error is None for t in self.targets.values())
 
     def to_json(self) -> dict[str, Any]:
+        """summary.json's object: `ok` between the build directory and the targets, as it has always been."""
         return {
             "recipe": self.recipe,
             "output_dir": self.output_dir,
             "ok": self.ok,
-            "targets": {name: asdict(t) for name, t in self.targets.items()},
+            "targets": {name: t.model_dump() for name, t in self.targets.items()},
         }
