@@ -24,9 +24,9 @@ from edgetune.build.package import package_stage
 from edgetune.report.summary import SUMMARY_NAME, BuildResult, TargetResult
 from edgetune.build.tune import tune_stage
 from edgetune.build.verify import fill_from_manifest, verify_stage
-from edgetune.errors import BuildError, EdgetuneError, InputError
-from edgetune.fleet.endpoints import device_summary, remote_device
-from edgetune.fleet.tracker import require_servers
+from edgetune.devices import open_device
+from edgetune.errors import EdgetuneError, InputError
+from edgetune.fleet.endpoints import remote_device
 from edgetune.frontend.onnx import load_model, to_relax
 from edgetune.package.artifact import claim_build_directory, sha256_file
 from edgetune.package.signing import load_private_key, sign_manifest, signature_matches
@@ -68,10 +68,12 @@ def build(recipe: Recipe, only: list[str] | None = None, on_event: EventFn | Non
             store = RecordStore(stores[target.name].directory)
             for warning in store.damage_warnings():
                 emit(Event(target.name, f"warning: {warning}"))
-            remote = remote_device(recipe, target, profile.device, toolchains[profile.name].cc)
+            toolchain = toolchains[profile.name]
+            remote = remote_device(recipe, target, profile.device, toolchain.cc)
+            device = open_device(target, profile, toolchain, remote)
             result.targets[target.name] = _build_target(TargetBuild(
-                recipe, target, profile, toolchains[profile.name], model, relax_mod, reference, store,
-                sibling_stores, remote, emit, signer))
+                recipe, target, profile, toolchain, model, relax_mod, reference, store,
+                sibling_stores, device, emit, signer))
         except TuningInterrupted:
             raise
         except EdgetuneError as exc:
@@ -163,7 +165,7 @@ def _build_target(ctx: TargetBuild) -> TargetResult:
     """The stages in order for one target; a target whose inputs are unchanged keeps its artifact."""
     _check_device(ctx)
     result = tune_stage(ctx)
-    result.device = device_summary(ctx.toolchain.arch, ctx.remote)
+    result.device = ctx.device.summary()
     # the budget runs on the tuner's clock, which starts after task extraction
     budget_ends = time.monotonic() - result.tuning_s + ctx.budget_s if ctx.budget_s is not None else None
     inputs_hash = _inputs_hash(ctx)
@@ -174,24 +176,19 @@ def _build_target(ctx: TargetBuild) -> TargetResult:
             archive_directory(ctx.artifact_dir, ctx.archive)
         fill_from_manifest(result, load_manifest(ctx.artifact_dir), ctx.artifact_dir, ctx.archive)
         result.reused = True
+        result.anchor_tuning_curve()
         return result
     compiled = compile_stage(ctx, result, budget_ends)
     latency = measure_stage(ctx, compiled.library, compiled.samples)
     verify_stage(ctx, result, package_stage(ctx, result, compiled, latency, inputs_hash))
+    result.anchor_tuning_curve()
     return result
 
 
 def _check_device(ctx: TargetBuild) -> None:
     """Measured here: this machine's CPU. Other devices need an RPC connection, or no tuning at all; a
     missing device is named before any work."""
-    if ctx.remote is not None:
-        require_servers(ctx.remote.tracker, ctx.remote.key)
-    if not ctx.measured_here and ctx.remote is None and ctx.recipe.tuning.trials_per_task != 0:
-        raise BuildError(
-            f"target '{ctx.name}': a {ctx.toolchain.arch}/{ctx.profile.device} device cannot be measured on this "
-            "machine; give it an RPC connection, or set tuning.trials_per_task: 0 to compile it with the "
-            "records its store already holds"
-        )
+    ctx.device.check_reachable(ctx.recipe.tuning.trials_per_task)
 
 
 def _inputs_hash(ctx: TargetBuild) -> str:

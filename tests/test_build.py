@@ -44,6 +44,17 @@ def test_build_reports_latencies_and_a_verified_artifact(built) -> None:
     assert " s left" in run.stdout  # not a terminal: plain progress lines with an estimate
 
 
+def test_the_summary_has_the_models_latency_along_the_tuning_and_the_time_it_beat_the_reference(built) -> None:
+    _, summary, _ = built
+    host = summary["targets"]["host"]
+    curve = host["tuning_curve"]
+    assert curve, "every task was tuned: the curve has a point per round once all had a schedule"
+    assert [s for s, _ in curve] == sorted(s for s, _ in curve) and curve[-1][0] <= host["tuning_s"]
+    assert curve[-1][1] >= host["latency_ms"] * (1 - 1e-9)  # its end is the measured model (or its kernels' sum)
+    beaten = [s for s, ms in curve if ms < host["reference_latency_ms"]]
+    assert host["time_to_beat_reference_s"] == (beaten[0] if beaten else None)
+
+
 def test_a_local_build_chooses_each_kernels_schedule_inside_the_model(built) -> None:
     _, summary, run = built
     host = summary["targets"]["host"]

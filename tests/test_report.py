@@ -46,7 +46,8 @@ def test_report_holds_the_summary_figures_and_embeds_its_images(build_dir) -> No
     for name, digest in manifest["files"].items():
         assert name in html and digest in html
     assert manifest["versions"]["tvm"] in html and manifest["measured_on"] in html
-    assert html.count("data:image/png;base64,") == 2  # latency bars, tuning curves
+    assert html.count("data:image/png;base64,") == 3  # latency bars, the model's curve, the tasks' curves
+    assert "Time to beat ONNX Runtime: " in html
     assert "http://" not in html and "https://" not in html
 
 

@@ -11,11 +11,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "edgetune"
 LAYERS = [
     {"errors", "yamlsource", "ownership", "archive", "runtime"},  # the bottom: no stage, no device
     {"profiles", "recipe", "toolchains"},  # the recipe, its devices' profiles and their compilers
-    {"fleet"},  # device backends: where code runs
+    {"fleet"},  # connections to devices: RPC tracker, SSH, emulated boards, on-device sessions
     {"frontend", "reference"},  # stage: import
     {"tuning"},  # stage: tune
     {"compile", "cuda_precompile", "selection"},  # stage: compile
     {"package"},  # stages: package, verify
+    {"devices"},  # where a target's code runs (here, over RPC, nowhere): tuning's runners, package's checks
     {"report"},
     {"build"},  # one target's context and its stages in order
     {"pipeline"},

@@ -9,7 +9,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgetune.fleet.endpoints import RemoteDevice
+from edgetune.devices import Device
 from edgetune.frontend.model import LoadedModel
 from edgetune.frontend.winograd import WinogradPolicy
 from edgetune.profiles import DeviceProfile
@@ -48,7 +48,8 @@ class StoreLocation:
 @dataclass
 class TargetBuild:
     """One target of one recipe, with everything its stages read: the model (imported once per recipe),
-    the device's profile, toolchain and connection, its record store and its siblings'."""
+    the device's profile, toolchain and the device itself (where its code runs), its record store and its
+    siblings'."""
 
     recipe: Recipe
     target: FleetTarget
@@ -59,7 +60,7 @@ class TargetBuild:
     reference: ReferenceRuntime
     store: RecordStore
     sibling_stores: dict[str, StoreLocation]
-    remote: RemoteDevice | None
+    device: Device  # where its code runs: edgetune.devices.open_device
     emit: EventFn
     signer: Ed25519PrivateKey | None = None
 
@@ -70,11 +71,6 @@ class TargetBuild:
     @property
     def name(self) -> str:
         return self.target.name
-
-    @property
-    def measured_here(self) -> bool:
-        """This machine's CPU: the only device measured without an RPC connection."""
-        return self.target.is_local and self.profile.device == "cpu" and self.toolchain.native
 
     @cached_property
     def tvm_target(self):  # -> tvm.target.Target
@@ -90,7 +86,7 @@ class TargetBuild:
     @property
     def candidates(self) -> int:
         """Schedules per kernel compared inside the model: only where the model can be timed here."""
-        return self.recipe.tuning.in_model_candidates if self.measured_here else 1
+        return self.recipe.tuning.in_model_candidates if self.device.runs_here else 1
 
     @property
     def budget_s(self) -> float | None:

@@ -32,13 +32,13 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
     plan = TuningPlan(
         trials_per_task=1_000_000 if trials is None else trials, time_budget_s=ctx.budget_s,
         search=recipe.tuning.search, seed=recipe.tuning.seed, cores=profile.hardware.cores or 1,
-        hardware=profile.hardware, device=profile.device, isa=profile.isa, remote=ctx.remote, siblings=siblings,
-        transfer=recipe.tuning.transfer, keep_for_later=_selection_reserve(ctx),
+        hardware=profile.hardware, device=profile.device, isa=profile.isa, siblings=siblings,
+        transfer=recipe.tuning.transfer, keep_for_later=_selection_reserve(ctx), runs_on=ctx.device,
     )
     if trials == 0:
         ctx.say(f"{len(tasks)} tasks; no tuning (trials_per_task: 0)")
     else:
-        where = f", measured on {ctx.remote.where}" if ctx.remote else ""
+        where = "" if ctx.device.runs_here else f", measured on {ctx.device.where}"
         ctx.say(f"{len(tasks)} tasks, tuning {len(tuned_tasks)} with {plan.search} search{where}")
     tuning = tune(tuned_tasks, ctx.tvm_target, ctx.store, plan, lambda p: ctx.emit(Event(ctx.name, "", p)),
                   logs_dir=ctx.work_dir / "logs")
@@ -52,6 +52,7 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
         trials_total=sum(t["trials"] for t in summary),
         tuning_s=tuning.wall_s,
         kept_for_selection_s=tuning.kept_s,
+        tuning_curve=tuning.curve,
         tasks=summary,
         tasks_total=len(tasks),
         records=_display_store(ctx.store.directory, ctx.build_dir),

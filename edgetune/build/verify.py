@@ -69,7 +69,7 @@ def fill_from_manifest(result: TargetResult, manifest: Manifest, artifact_dir: P
 
 def _verify_shipped(ctx: TargetBuild, packaged: PackagedTarget) -> dict:
     """Each way this machine (and the device, over RPC) can run the artifact; say how, or why not."""
-    from edgetune.package.verify import check_native_outputs, check_remote_outputs
+    from edgetune.package.verify import check_native_outputs
 
     artifact_dir, manifest, toolchain = packaged.directory, packaged.manifest, ctx.toolchain
     checks: list[tuple[str, OutputCheck]] = []
@@ -85,9 +85,9 @@ def _verify_shipped(ctx: TargetBuild, packaged: PackagedTarget) -> dict:
         elif packaged.runtime_dir is not None or not toolchain.native:
             method = "C++ deploy program" + (f" under {program_runner[0]}" if program_runner else ", this machine")
             checks.append((method, _check_program(ctx, packaged)))
-    if ctx.remote is not None:
-        check = check_remote_outputs(artifact_dir, manifest, ctx.remote)
-        checks.append((f"TVM's runtime on the device, {ctx.remote.where}", check))
+    on_device = ctx.device.output_check(artifact_dir, manifest)
+    if on_device is not None:
+        checks.append(on_device)
     if not checks:
         return {"matches": None, "max_abs_error": None, "methods": [], "not_run": "; ".join(reasons)}
     return {

@@ -142,7 +142,7 @@ def _target_view(build_dir: Path, name: str, result: TargetResult) -> dict[str, 
     view: dict[str, Any] = {
         "name": name, "result": result, "tasks": _task_rows(result.tasks), "speedup_untuned": None,
         "speedup_reference": None, "manifest_path": str(manifest_path), "manifest": None,
-        "latency_chart": None, "curve_chart": None, "log_path": str(log_path),
+        "latency_chart": None, "curve_chart": None, "model_curve_chart": None, "log_path": str(log_path),
     }
     if result.error:  # a failed target: its error, and nothing that could be mistaken for its numbers
         return view
@@ -151,6 +151,8 @@ def _target_view(build_dir: Path, name: str, result: TargetResult) -> dict[str, 
         view["speedup_untuned"] = _ratio(result.untuned_latency_ms, tuned)
         view["speedup_reference"] = _ratio(result.reference_latency_ms, tuned)
         view["latency_chart"] = _latency_chart(tuned, result.untuned_latency_ms, result.reference_latency_ms)
+    if result.tuning_curve:
+        view["model_curve_chart"] = _model_curve_chart(result.tuning_curve, result.reference_latency_ms)
     if manifest_path.is_file():
         manifest = parse_manifest(_read_json(manifest_path, "artifact manifest"), manifest_path)
         view["manifest"] = _manifest_facts(manifest, result)
@@ -281,6 +283,25 @@ def _latency_chart(tuned: float, untuned: float | None, reference: float | None)
         for position, (_, value, _) in zip(positions, bars):
             axes.text(value, position, f" {value:.3f}", va="center", fontsize=9)
         axes.spines[["top", "right"]].set_visible(False)
+        return _png(figure)
+
+
+def _model_curve_chart(curve: list[tuple[float, float]], reference: float | None) -> str:
+    """The model's latency as tuning went on (estimated between the measured end points), with the reference's."""
+    with style.context("default"):
+        figure = Figure(figsize=(6.4, 3.0), dpi=_DPI, layout="constrained")
+        axes = figure.add_subplot()
+        axes.plot([p[0] for p in curve], [p[1] for p in curve], drawstyle="steps-post", marker="o", markersize=4,
+                  color="#2b8a3e", label="TVM, tuned (estimated from kernel times)")
+        if reference is not None:
+            axes.axhline(reference, color="#1864ab", linestyle="--", label="ONNX Runtime")
+        axes.set_xlim(left=0)
+        axes.set_ylim(bottom=0)
+        axes.set_xlabel("tuning wall time (s)")
+        axes.set_ylabel("model latency (ms)")
+        axes.grid(True, alpha=0.3)
+        axes.spines[["top", "right"]].set_visible(False)
+        axes.legend(fontsize=8, frameon=False)
         return _png(figure)
 
 

@@ -31,6 +31,13 @@ class TargetResult(BaseModel):
     trials_total: int = 0
     tuning_s: float = 0.0  # tuning wall time in this build
     kept_for_selection_s: float = 0.0  # of the tuning budget, left to comparing schedules inside the model
+    tuning_curve: list[tuple[float, float]] = []
+    """(seconds of tuning, model milliseconds) after each round once every tuned task had a schedule: the
+    tuned kernels' summed time (weight x best) plus the rest of the model's time, which is the measured
+    tuned latency minus that sum at the end (see `anchor_tuning_curve`). An estimate between its ends."""
+    time_to_beat_reference_s: float | None = None
+    """Seconds of tuning until the curve first ran below the reference's (ONNX Runtime's) latency; None when
+    it never did, or when nothing was tuned or timed here."""
     tasks: list[dict[str, Any]] = []
     tasks_total: int = 0
     reused: bool = False  # inputs unchanged: the packaged artifact was kept
@@ -45,6 +52,20 @@ class TargetResult(BaseModel):
     def __init__(self, name: str, **fields: Any) -> None:
         """`TargetResult(name, ...)`, the target's name first, as the stages make one."""
         super().__init__(name=name, **fields)
+
+    def anchor_tuning_curve(self) -> None:
+        """Turns the tuner's kernel sums into model latencies once the tuned model has been timed: each point
+        gets the part of the model's time no tuned kernel holds (untuned kernels, the VM's own work), taken
+        as constant; then finds the first point below the reference's latency."""
+        if not self.tuning_curve or self.latency_ms is None:
+            self.tuning_curve, self.time_to_beat_reference_s = [], None
+            return
+        rest_ms = max(self.latency_ms - self.tuning_curve[-1][1], 0.0)
+        self.tuning_curve = [(seconds, kernels_ms + rest_ms) for seconds, kernels_ms in self.tuning_curve]
+        reference = self.reference_latency_ms
+        self.time_to_beat_reference_s = next(
+            (seconds for seconds, model_ms in self.tuning_curve if reference is not None and model_ms < reference),
+            None)
 
 
 class BuildResult(BaseModel):

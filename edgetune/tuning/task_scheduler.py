@@ -81,11 +81,15 @@ class TaskScheduler:
     measure_round: RoundFn
     best_us: Callable[[int], float | None]  # a task's best latency in the store now
     after_round: Callable[[], None]  # raises to stop between rounds (a stop request)
+    curve: list[tuple[float, float]] = field(default_factory=list)
+    """(seconds of tuning, milliseconds per inference of the tuned kernels: weight x best, summed) after each
+    round once every task has a best: the model's latency as the tuning lowered it, before the VM's own time."""
 
     def run(self, keep_for_later: Callable[[], float] | None = None) -> float:
         """Every round until no task can take one; returns the seconds of the budget kept for later
         (`keep_for_later`, asked once after the first pass when rounds remain)."""
         budget_s, kept_s = self.time_budget_s, 0.0
+        self._record_curve_point()  # a resumed build's tasks start from their stores' bests
         first_pass = self.trials_per_task if budget_s is None else min(_FIRST_PASS_TRIALS, self.trials_per_task)
         for position, outcome in enumerate(self.outcomes):
             if first_pass > outcome.trials_before:
@@ -120,7 +124,13 @@ class TaskScheduler:
         round_measured = outcome.trials_measured - measured_before
         outcome.space_exhausted = outcome.tuning_failed is None and round_measured < enough
         outcome.finish_round(self.best_us(position), round_measured, time.monotonic() - round_started)
+        self._record_curve_point()
         self.after_round()
+
+    def _record_curve_point(self) -> None:
+        if all(o.best_us is not None for o in self.outcomes):
+            kernels_ms = sum(o.weight * o.best_us for o in self.outcomes) / 1e3  # type: ignore[operator]
+            self.curve.append((time.monotonic() - self.started, kernels_ms))
 
 
 def trials_that_fit(trials: int, outcome: TaskOutcome, left_s: float) -> int:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import tvm
 from tvm.ir.utils import derived_object
@@ -46,6 +47,14 @@ from edgetune.tuning.transfer.siblings import SiblingRecords, TransferStats
 logger = logging.getLogger(__name__)
 
 
+class CandidateMeasurer(Protocol):
+    """What the tuning loop asks of a device (edgetune.devices.Device fits): MetaSchedule's builder and
+    runner for it, on `cores` workers; `stop` is the loop's stop request."""
+
+    def tuning_builder_runner(self, cores: int, stop: threading.Event) -> tuple[ms.builder.Builder,
+                                                                                ms.runner.Runner]: ...
+
+
 @dataclass(frozen=True)
 class TuningPlan:
     trials_per_task: int
@@ -62,6 +71,9 @@ class TuningPlan:
     keep_for_later: Callable[[], float] | None = None
     """Under a budget: asked once, after the first pass (every task has a schedule), for the seconds of
     the budget to leave to work after tuning (comparing schedules inside the model)."""
+    runs_on: CandidateMeasurer | None = None
+    """Where candidates are built and timed: the build's device (edgetune.devices). Left out, `remote`
+    (a device over RPC) or else this machine."""
 
 
 @dataclass
@@ -82,6 +94,7 @@ class TuningResult:
     tasks: list[TaskOutcome] = field(default_factory=list)
     wall_s: float = 0.0
     kept_s: float = 0.0  # of the budget, left to work after tuning (plan.keep_for_later)
+    curve: list[tuple[float, float]] = field(default_factory=list)  # TaskScheduler.curve
     transfer: TransferStats | None = None
 
     @property
@@ -200,15 +213,28 @@ def timing(device: str) -> ms.runner.EvaluatorConfig:
 
 
 def _measurers(plan: TuningPlan, stop: threading.Event):
-    """Candidates built and run here, on the target's cores, or linked for the device and measured on it over RPC."""
-    if plan.remote is None:
-        if plan.device == "cpu":
-            use_cpu_threads(plan.cores)  # inherited by the runner's workers
-        return (create_builder(max_workers=plan.cores, initializer=_ignore_interrupts),
-                ms.runner.LocalRunner(evaluator_config=timing(plan.device), initializer=_ignore_interrupts))
-    builder = create_builder(max_workers=plan.cores, initializer=_ignore_interrupts,
-                             f_export=shared_object_export(plan.remote.compiler))
-    return builder, RetryingRPCRunner(plan.remote, stop, timing(plan.device), initializer=_ignore_interrupts)
+    """The plan's device builds and times the candidates; a plan without one names a `remote` or means here."""
+    if plan.runs_on is not None:
+        return plan.runs_on.tuning_builder_runner(plan.cores, stop)
+    if plan.remote is not None:
+        return remote_builder_runner(plan.remote, plan.cores, plan.device, stop)
+    return local_builder_runner(plan.cores, plan.device)
+
+
+def local_builder_runner(cores: int, device: str) -> tuple[ms.builder.Builder, ms.runner.Runner]:
+    """Candidates built and run on this machine, on the target's cores."""
+    if device == "cpu":
+        use_cpu_threads(cores)  # inherited by the runner's workers
+    return (create_builder(max_workers=cores, initializer=_ignore_interrupts),
+            ms.runner.LocalRunner(evaluator_config=timing(device), initializer=_ignore_interrupts))
+
+
+def remote_builder_runner(remote: RemoteDevice, cores: int, device: str,
+                          stop: threading.Event) -> tuple[ms.builder.Builder, ms.runner.Runner]:
+    """Candidates linked here for the device and measured on it over RPC; a lost key sets `stop`."""
+    builder = create_builder(max_workers=cores, initializer=_ignore_interrupts,
+                             f_export=shared_object_export(remote.compiler))
+    return builder, RetryingRPCRunner(remote, stop, timing(device), initializer=_ignore_interrupts)
 
 
 def tune(
@@ -250,7 +276,7 @@ def tune(
             if stop.is_set():
                 measured = sum(t.trials_measured for t in result.tasks)
                 kept = f"the {measured} measurements of this run are kept in {store.directory}"
-                if plan.remote is not None and runner.lost:
+                if isinstance(runner, RetryingRPCRunner) and runner.lost:
                     raise DeviceLost(f"{runner.lost}: tuning stopped; {kept}; run the same command again "
                                      "to resume once a server is back")
                 raise TuningInterrupted(f"interrupted: {kept}; run the same command again to resume")
@@ -258,6 +284,7 @@ def tune(
         scheduler = TaskScheduler(result.tasks, plan.trials_per_task, plan.time_budget_s, started, measure_round,
                                   lambda position: _best_us(store, tasks[position]), after_round)
         result.kept_s = scheduler.run(plan.keep_for_later)
+        result.curve = scheduler.curve
         for index, ((task, done), outcome) in enumerate(zip(pending, result.tasks), start=1):
             _finish_task(task, index, len(tasks), done, outcome, plan, progress, started)
         _count_committed(tasks, result.tasks, counts, store)

@@ -1,0 +1,65 @@
+"""Device: where one target's code runs, as its stages ask it (tune, measure, verify, the summary).
+
+The build decides once, in `open_device` (devices/__init__.py): this machine's CPU (local.py), a device
+over TVM RPC (rpc.py), or none at all (none.py: compiled here, run nowhere).
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edgetune.fleet.endpoints import device_summary
+
+if TYPE_CHECKING:
+    from edgetune.package.manifest import Manifest
+    from edgetune.package.verify import OutputCheck
+
+
+class Device(ABC):
+    """One target's device. `arch`: the toolchain's architecture, as the summary names it."""
+
+    runs_here = False
+    """Code runs in this process: kernels are compared inside the model, and the reference is timed beside."""
+
+    def __init__(self, arch: str) -> None:
+        self.arch = arch
+
+    @property
+    @abstractmethod
+    def where(self) -> str | None:
+        """Where measurements are made, as the manifest's `measured_on` says it; None: nowhere."""
+
+    @property
+    def can_measure(self) -> bool:
+        return self.where is not None
+
+    @abstractmethod
+    def check_reachable(self, trials_per_task: int | None) -> None:
+        """Raise BuildError, before any work, when the build would need the device and cannot have it."""
+
+    @abstractmethod
+    def tuning_builder_runner(self, cores: int, stop: threading.Event) -> tuple[Any, Any]:
+        """MetaSchedule's builder and runner for candidates timed on the device (tuning/tune.py's seam)."""
+
+    @abstractmethod
+    def export_function(self) -> Callable | None:
+        """How a library is linked to be loaded there (`export_library`'s fcompile; None: TVM's default)."""
+
+    @abstractmethod
+    def latency_ms(self, library: Path, inputs: list[np.ndarray]) -> float:
+        """Median latency of a compiled model, timed on the device."""
+
+    def output_check(self, artifact_dir: Path, manifest: Manifest) -> tuple[str, OutputCheck] | None:
+        """The artifact run on the device itself, away from this machine: how, and what came of it. None
+        where the verify stage's own runs on this machine are all there is."""
+        return None
+
+    def summary(self) -> dict:
+        """The build summary's `device`: where it ran, how it was reached, whether it was emulated."""
+        return device_summary(self.arch, None)

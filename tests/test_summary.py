@@ -1,0 +1,43 @@
+"""The build summary's tuning curve: the tuner's kernel sums anchored at the measured model latency."""
+
+from __future__ import annotations
+
+from edgetune.report.summary import TargetResult
+
+
+def _result(curve: list[tuple[float, float]], tuned: float | None, reference: float | None) -> TargetResult:
+    result = TargetResult("host", tuning_curve=curve, latency_ms=tuned, reference_latency_ms=reference)
+    result.anchor_tuning_curve()
+    return result
+
+
+def test_the_rest_of_the_model_is_added_to_every_point_and_the_first_point_below_the_reference_is_the_time():
+    result = _result([(10.0, 2.0), (20.0, 1.0), (30.0, 0.9)], tuned=1.4, reference=2.0)
+    assert result.tuning_curve == [(10.0, 2.5), (20.0, 1.5), (30.0, 1.4)]
+    assert result.time_to_beat_reference_s == 20.0
+
+
+def test_never_below_the_reference_is_none():
+    result = _result([(10.0, 2.0), (20.0, 1.0)], tuned=1.5, reference=1.0)
+    assert result.time_to_beat_reference_s is None
+    assert result.tuning_curve[-1] == (20.0, 1.5)
+
+
+def test_without_a_measured_latency_or_a_reference_nothing_is_claimed():
+    untimed = _result([(10.0, 2.0)], tuned=None, reference=3.0)
+    assert untimed.tuning_curve == [] and untimed.time_to_beat_reference_s is None
+    no_reference = _result([(10.0, 2.0)], tuned=2.5, reference=None)
+    assert no_reference.time_to_beat_reference_s is None and no_reference.tuning_curve == [(10.0, 2.5)]
+
+
+def test_a_model_faster_than_its_kernels_sum_adds_nothing():
+    """Timed alone with a cold cache, kernels can sum to more than the model: the rest is never negative."""
+    result = _result([(5.0, 3.0), (9.0, 2.0)], tuned=1.8, reference=2.5)
+    assert result.tuning_curve == [(5.0, 3.0), (9.0, 2.0)]
+    assert result.time_to_beat_reference_s == 9.0
+
+
+def test_the_curve_survives_the_summary_json():
+    result = _result([(10.0, 2.0), (20.0, 1.0)], tuned=1.4, reference=2.0)
+    again = TargetResult.model_validate(result.model_dump(mode="json"))
+    assert again.tuning_curve == result.tuning_curve and again.time_to_beat_reference_s == 20.0
