@@ -53,18 +53,22 @@ def _flatten(result) -> list[np.ndarray]:
 def time_model(
     vm: relax.VirtualMachine, inputs: list[np.ndarray], device: tvm.runtime.Device, min_total_s: float = 1.0
 ) -> float:
-    """Median latency in milliseconds over _REPEATS repeats, together about `min_total_s` long.
+    """Median latency in milliseconds over _REPEATS repeats, together about `min_total_s` long, or shorter
+    for a model so fast that _ENOUGH_CALLS calls take less (never under _SHORTEST_S).
 
     Calls per repeat come from three timed calls, not from TVM's `min_repeat_ms`: that grows the count
     by 1.618x steps until a repeat is long enough and keeps the overshoot, so a 0.03 ms model took
-    1.75 s to time instead of 1 s.
+    1.75 s to time (50,000 calls) instead of 0.2 s (6,000).
     """
     args = [tvm.runtime.tensor(x, device) for x in inputs]
     vm["main"](*args)  # warm-up: first call allocates
     per_call_s = max(float(vm.time_evaluator("main", device, number=1, repeat=3)(*args).median), 1e-7)
-    number = max(1, math.ceil(min_total_s / _REPEATS / per_call_s))
+    total_s = min(min_total_s, max(_SHORTEST_S, _ENOUGH_CALLS * per_call_s))
+    number = max(1, math.ceil(total_s / _REPEATS / per_call_s))
     timer = vm.time_evaluator("main", device, number=number, repeat=_REPEATS)
     return float(timer(*args).median) * 1e3
 
 
 _REPEATS = 5
+_ENOUGH_CALLS = 1000
+_SHORTEST_S = 0.2
