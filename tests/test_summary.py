@@ -41,3 +41,28 @@ def test_the_curve_survives_the_summary_json():
     result = _result([(10.0, 2.0), (20.0, 1.0)], tuned=1.4, reference=2.0)
     again = TargetResult.model_validate(result.model_dump(mode="json"))
     assert again.tuning_curve == result.tuning_curve and again.time_to_beat_reference_s == 20.0
+
+
+def _outcome(name: str, weight: int, best_us: float | None):
+    from edgetune.tuning.task_scheduler import TaskOutcome
+
+    return TaskOutcome(name, weight, 1e6, trials_before=0, trials_measured=0, best_us=best_us)
+
+
+def test_the_scheduler_draws_a_point_per_round_once_every_task_had_one_and_a_failed_task_adds_nothing():
+    """Two tasks, 4 trials each in one pass: the first round leaves the second untried (no point); after the
+    second round, the point is the first task's weight x best, the second's candidates having all failed."""
+    import time
+
+    from edgetune.tuning.task_scheduler import TaskScheduler
+
+    outcomes = [_outcome("conv", 2, None), _outcome("take", 1, None)]
+    bests = {0: 10.0, 1: None}
+
+    def measure_round(position: int, trials: int, enough: int) -> None:
+        outcomes[position].trials_measured += trials
+
+    scheduler = TaskScheduler(outcomes, 4, None, time.monotonic(), measure_round, bests.get, lambda: None)
+    scheduler.run()
+    assert len(scheduler.curve) == 1
+    assert scheduler.curve[0][1] == 2 * 10.0 / 1e3

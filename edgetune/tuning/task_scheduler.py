@@ -83,7 +83,7 @@ class TaskScheduler:
     after_round: Callable[[], None]  # raises to stop between rounds (a stop request)
     curve: list[tuple[float, float]] = field(default_factory=list)
     """(seconds of tuning, milliseconds per inference of the tuned kernels: weight x best, summed) after each
-    round once every task has a best: the model's latency as the tuning lowered it, before the VM's own time."""
+    round once every task has had a round: the model's latency as the tuning lowered it, without the rest."""
 
     def run(self, keep_for_later: Callable[[], float] | None = None) -> float:
         """Every round until no task can take one; returns the seconds of the budget kept for later
@@ -128,8 +128,10 @@ class TaskScheduler:
         self.after_round()
 
     def _record_curve_point(self) -> None:
-        if all(o.best_us is not None for o in self.outcomes):
-            kernels_ms = sum(o.weight * o.best_us for o in self.outcomes) / 1e3  # type: ignore[operator]
+        """A point once every task has a best or has had its first round: a task whose candidates all failed
+        (a `take` fed random indices) has no time of its own, and its kernel joins the model's rest."""
+        if all(o.best_us is not None or o.tuning_s > 0 for o in self.outcomes):
+            kernels_ms = sum(o.weight * o.best_us for o in self.outcomes if o.best_us is not None) / 1e3
             self.curve.append((time.monotonic() - self.started, kernels_ms))
 
 
