@@ -9,8 +9,8 @@ only read: what is chosen lives in the returned database.
 
 The kernel's default schedule (no record: the same pipeline with nothing applied) is one more candidate,
 timed right after the tuner's best: a few trials of a small kernel can all be slower than the loops
-as written (a tuned tiny CNN ran at 0.028 ms against 0.011 ms untuned), and no kernel ships slower
-in the model than its default.
+as written (the corpus transformer block, 2 trials per task, ran at 0.028 ms against 0.011 ms
+untuned), and no kernel ships slower in the model than its default.
 """
 
 from __future__ import annotations
