@@ -37,13 +37,17 @@ from edgetune.reference import ReferenceRuntime
 from edgetune.report import render_report
 from edgetune.toolchains import check_toolchains
 from edgetune.tuning.database.store import RecordStore
+from edgetune.tuning.shards import ShardPool
 from edgetune.tuning.tune import TuningInterrupted
 
 def build(recipe: Recipe, only: list[str] | None = None, on_event: EventFn | None = None,
-          records_dir: Path | None = None, sign_key: Path | None = None) -> BuildResult:
+          records_dir: Path | None = None, sign_key: Path | None = None, task_pool: ShardPool | None = None,
+          write_summary: bool = True) -> BuildResult:
     """Build every target of the recipe (or those named in `only`), siblings first; one target's
     failure spares the rest. `records_dir` replaces the recipe's records_dir; `sign_key`: an Ed25519
-    private key that signs each artifact's manifest (manifest.sig)."""
+    private key that signs each artifact's manifest (manifest.sig); `task_pool`: workers that tune shards
+    of a target's tasks; `write_summary`: False for one unit of a release, whose summary.json and report
+    cover all the recipe's targets and are written once they are all built (edgetune.release)."""
     emit = on_event or (lambda event: None)
     signer = load_private_key(sign_key) if sign_key is not None else None  # a bad key fails before any work
     profiles = {t.name: resolve_profile(t.profile, t.overrides) for t in recipe.fleet}
@@ -73,7 +77,7 @@ def build(recipe: Recipe, only: list[str] | None = None, on_event: EventFn | Non
             device = open_device(target, profile, toolchain, remote)
             result.targets[target.name] = _build_target(TargetBuild(
                 recipe, target, profile, toolchain, model, relax_mod, reference, store,
-                sibling_stores, device, emit, signer))
+                sibling_stores, device, emit, signer, task_pool))
         except TuningInterrupted:
             raise
         except EdgetuneError as exc:
@@ -86,11 +90,19 @@ def build(recipe: Recipe, only: list[str] | None = None, on_event: EventFn | Non
         outcome.wall_s = time.monotonic() - started
         if outcome.error:
             emit(Event(target.name, f"failed: {outcome.error}"))
+    if write_summary:
+        write_summary_and_report(result)
+    return result
+
+
+def write_summary_and_report(result: BuildResult) -> None:
+    """summary.json (replaced atomically: a release's reader never sees half of one) and report.html."""
     summary_path = Path(result.output_dir) / SUMMARY_NAME
     summary_path.parent.mkdir(parents=True, exist_ok=True)
-    summary_path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    partial = summary_path.with_name(SUMMARY_NAME + ".partial")
+    partial.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    partial.replace(summary_path)
     render_report(summary_path.parent)
-    return result
 
 
 def order_fleet(fleet: list[FleetTarget], profiles: dict[str, DeviceProfile]

@@ -5,8 +5,10 @@ Every recipe is checked before anything is built, so a mistake in the tenth reci
 first nine. Serially (no --workers) each recipe is built as `edgetune build RECIPE` builds it. With workers,
 each (recipe, target) is a unit of work (`edgetune.workers`): a unit starts once the targets whose records
 warm-start it (its siblings, `pipeline.order_fleet`) have finished, and never while another unit writes its
-build directory (summary.json and report.html are per recipe) or its record store (one owner per store).
-When a recipe's units are all done, its summary.json and report.html are rewritten over all its targets.
+record store (one owner per store); the targets of one recipe build side by side, each into its own
+directories. Inside a unit, the tuning of a target measured over RPC is split into shards of its tasks on
+the same workers (`edgetune.tuning.shards`). A unit writes no summary.json or report.html: when a recipe's
+units are all done, those are written once, over all its targets.
 """
 
 from __future__ import annotations
@@ -152,11 +154,13 @@ class _Planned:
     unit: Unit
     item: ReleaseRecipe
     after: set[int]  # units that must finish first: its siblings' builds
-    resources: set[str]  # its build directory and its record store: one unit at a time writes each
+    resources: set[str]  # its record store: one unit at a time writes it
 
 
-def plan_units(items: list[ReleaseRecipe], records_dir: Path | None, sign_key: Path | None) -> list[_Planned]:
-    """One unit per (recipe, target), each recipe's in tuning order, with the units each must wait for."""
+def plan_units(items: list[ReleaseRecipe], records_dir: Path | None, sign_key: Path | None,
+               task_workers: int = 1) -> list[_Planned]:
+    """One unit per (recipe, target), each recipe's in tuning order, with the units each must wait for;
+    `task_workers`: how many workers a unit may split its tuning over."""
     from edgetune.pipeline import order_fleet, record_locations
 
     planned: list[_Planned] = []
@@ -169,9 +173,9 @@ def plan_units(items: list[ReleaseRecipe], records_dir: Path | None, sign_key: P
         for target in order:
             if item.only is not None and target.name not in item.only:
                 continue
-            unit = Unit(len(planned), recipe, target.name, records_dir, sign_key)
+            unit = Unit(len(planned), recipe, target.name, records_dir, sign_key, task_workers)
             after = {index_of[s] for s in siblings[target.name] if s in index_of}
-            resources = {str(recipe.output_dir / recipe.name), str(stores[target.name].directory)}
+            resources = {str(stores[target.name].directory)}
             planned.append(_Planned(unit, item, after, resources))
             index_of[target.name] = unit.index
     return planned
@@ -179,12 +183,17 @@ def plan_units(items: list[ReleaseRecipe], records_dir: Path | None, sign_key: P
 
 def _run_units(items: list[ReleaseRecipe], workers: WorkerSpec, records_dir: Path | None, sign_key: Path | None,
                on_unit: Callable[[str, str, UnitOutcome], None]) -> None:
-    planned = plan_units(items, records_dir, sign_key)
+    from edgetune.package.artifact import claim_build_directory
+
+    for item in items:  # before units of one recipe race to create its directories
+        claim_build_directory(item.recipe.output_dir / item.recipe.name,
+                              item.only or [t.name for t in item.recipe.fleet])
+    executor = open_executor(workers)
+    planned = plan_units(items, records_dir, sign_key, executor.slots)
     finished: dict[int, UnitOutcome] = {}
     running: dict[int, _Planned] = {}
     busy: set[str] = set()
     waiting = list(planned)
-    executor = open_executor(workers)
     try:
         while waiting or running:
             for entry in [p for p in waiting if p.after <= finished.keys()]:
@@ -206,8 +215,7 @@ def _run_units(items: list[ReleaseRecipe], workers: WorkerSpec, records_dir: Pat
 
 def _merge(item: ReleaseRecipe, outcomes: list[tuple[str, UnitOutcome]]) -> None:
     """The recipe's result over all its units, as one serial build would have written it (summary and report)."""
-    from edgetune.pipeline import SUMMARY_NAME, BuildResult, TargetResult
-    from edgetune.report import render_report
+    from edgetune.pipeline import BuildResult, TargetResult, write_summary_and_report
 
     recipe = item.recipe
     build_dir = recipe.output_dir / recipe.name
@@ -219,8 +227,7 @@ def _merge(item: ReleaseRecipe, outcomes: list[tuple[str, UnitOutcome]]) -> None
         else:
             item.result.targets[target] = TargetResult.model_validate(outcome.summary["targets"][target])
     if any(outcome.summary is not None for _, outcome in outcomes):
-        _write_atomically(build_dir / SUMMARY_NAME, json.dumps(item.result.to_json(), indent=2) + "\n")
-        render_report(build_dir)
+        write_summary_and_report(item.result)
 
 
 def write_release(release: Release, release_dir: Path, strict: bool) -> list[Path]:

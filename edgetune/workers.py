@@ -4,6 +4,8 @@ A unit is one `pipeline.build(recipe, only=[target])`. Units share nothing in me
 recipe's model and sibling stores and writes its artifact and its own record store on storage every worker
 reaches (the recipe's output and records directories). Records are committed per measured batch and only
 appended, so a unit whose worker dies is simply run again: it resumes from the records already committed.
+A unit may split its tuning into shards of tasks (`edgetune.tuning.shards`) run on the same kind of workers:
+nested Ray tasks (a unit waiting on them gives its CPU back to Ray), or a process pool of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from edgetune.recipe import Recipe
 
 if TYPE_CHECKING:
     from edgetune.pipeline import Event
+    from edgetune.tuning.shards import ShardJob, ShardOutcome, ShardPool
 
 RETRIES = 2
 """Times a unit whose worker was lost (killed, out of memory, node gone) is run again before it counts as failed."""
@@ -66,6 +69,7 @@ class Unit:
     target: str
     records_dir: Path | None = None
     sign_key: Path | None = None
+    task_workers: int = 1  # workers its tuning may be split over
 
 
 @dataclass
@@ -93,7 +97,8 @@ def run_unit(unit: Unit) -> UnitOutcome:
             print(f"{prefix} task {task.index}/{task.total} {task.task}: {task.trials_done} trials", flush=True)
 
     try:
-        result = build(unit.recipe, [unit.target], say, unit.records_dir, unit.sign_key)
+        result = build(unit.recipe, [unit.target], say, unit.records_dir, unit.sign_key,
+                       _shard_pool(unit.task_workers), write_summary=False)
     except EdgetuneError as exc:
         return UnitOutcome(unit.index, None, str(exc), exc.exit_code)
     except Exception as exc:  # a crash inside TVM or a toolchain: this unit failed, the release goes on
@@ -101,8 +106,76 @@ def run_unit(unit: Unit) -> UnitOutcome:
     return UnitOutcome(unit.index, result.to_json())
 
 
+def _shard_pool(workers: int) -> ShardPool | None:
+    """Inside a unit: Ray tasks when the unit runs on Ray, else processes of its own; None for one worker."""
+    if workers < 2:
+        return None
+    if ray_installed():
+        import ray
+
+        if ray.is_initialized():
+            return RayShardPool(ray, workers)
+    return ProcessShardPool(workers)
+
+
+class ProcessShardPool:
+    """Shard jobs on spawned processes; a worker that dies breaks the pool, so every unfinished job runs
+    again on a new one (at most RETRIES times), resuming from its shard store."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def run_shards(self, jobs: list[ShardJob]) -> list[ShardOutcome | str]:
+        from edgetune.tuning.shards import run_shard
+
+        outcomes: dict[int, ShardOutcome | str] = {}
+        attempts = [0] * len(jobs)
+        pending = list(range(len(jobs)))
+        while pending:
+            with ProcessPoolExecutor(min(self.size, len(pending)), mp_context=get_context("spawn")) as pool:
+                futures = {pool.submit(run_shard, jobs[i]): i for i in pending}
+                pending = []
+                for future, i in futures.items():
+                    attempts[i] += 1
+                    try:
+                        outcomes[i] = future.result()
+                    except BrokenProcessPool:
+                        if attempts[i] > RETRIES:
+                            outcomes[i] = f"its worker was lost {attempts[i]} times"
+                        else:
+                            pending.append(i)
+                    except Exception as exc:  # the job itself raised: its tasks keep what it committed
+                        outcomes[i] = _first_line(exc)
+        return [outcomes[i] for i in range(len(jobs))]
+
+
+class RayShardPool:
+    """Shard jobs as Ray tasks of the cluster the unit runs on; Ray reruns a job whose worker died."""
+
+    def __init__(self, ray: Any, size: int):
+        from edgetune.tuning.shards import run_shard
+
+        self.ray = ray
+        self.size = size
+        self.remote = ray.remote(num_cpus=1, max_retries=RETRIES, retry_exceptions=False)(run_shard)
+
+    def run_shards(self, jobs: list[ShardJob]) -> list[ShardOutcome | str]:
+        refs = [self.remote.remote(job) for job in jobs]
+        outcomes: list[ShardOutcome | str] = []
+        for ref in refs:
+            try:
+                outcomes.append(self.ray.get(ref))
+            except self.ray.exceptions.RayTaskError as exc:  # the job raised
+                outcomes.append(_first_line(exc.cause if getattr(exc, "cause", None) else exc))
+            except self.ray.exceptions.RayError as exc:  # lost more than RETRIES times, or the cluster is gone
+                outcomes.append(f"Ray gave up on it: {_first_line(exc)}")
+        return outcomes
+
+
 class Executor(Protocol):
     """Runs units somewhere; the release's scheduler decides which are ready."""
+
+    slots: int  # units (or shards of one) that can run at once
 
     def submit(self, unit: Unit) -> None: ...
 
@@ -117,7 +190,7 @@ class ProcessPool:
     every unit that was running is submitted again (at most RETRIES times each)."""
 
     def __init__(self, processes: int):
-        self.processes = processes
+        self.processes = self.slots = processes
         self.pool = self._new_pool()
         self.running: dict[Future, Unit] = {}
         self.attempts: dict[int, int] = {}
@@ -178,6 +251,7 @@ class RayPool:
         else:
             ray.init(address="local", num_cpus=spec.processes, include_dashboard=False,
                      object_store_memory=_RAY_OBJECT_STORE_BYTES, log_to_driver=True)
+        self.slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
         self.remote = ray.remote(num_cpus=1, max_retries=RETRIES, retry_exceptions=False)(run_unit)
         self.running: dict[Any, Unit] = {}
 

@@ -17,6 +17,7 @@ from edgetune.recipe import FleetTarget, Recipe
 from edgetune.reference import ReferenceRuntime
 from edgetune.toolchains import Toolchain
 from edgetune.tuning.database.store import RecordStore
+from edgetune.tuning.shards import ShardPool
 from edgetune.tuning.tune import TaskProgress
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ class TargetBuild:
     device: Device  # where its code runs: edgetune.devices.open_device
     emit: EventFn
     signer: Ed25519PrivateKey | None = None
+    task_pool: ShardPool | None = None  # workers that tune shards of its tasks (a release's --workers)
 
     def say(self, message: str) -> None:
         """One progress line under this target's name."""

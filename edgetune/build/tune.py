@@ -11,6 +11,7 @@ from edgetune.build.context import Event, TargetBuild
 from edgetune.report.summary import TargetResult
 from edgetune.frontend.onnx import fuse_for_tuning
 from edgetune.tuning.database.store import RecordStore
+from edgetune.tuning.shards import tune_in_shards
 from edgetune.tuning.tasks import extract_tasks
 from edgetune.tuning.transfer.siblings import load_sibling_records
 from edgetune.tuning.tune import TuningPlan, TuningResult, tune
@@ -23,8 +24,9 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
     tasks = extract_tasks(fuse_for_tuning(ctx.relax_mod, ctx.tvm_target, ctx.winograd), ctx.tvm_target)
     tuned_tasks = tasks[: recipe.tuning.max_tasks] if recipe.tuning.max_tasks else tasks
     trials = recipe.tuning.trials_per_task
+    sharded = _splits_tasks(ctx, tuned_tasks)
     siblings = None
-    if ctx.sibling_stores and recipe.tuning.transfer != "off" and trials != 0:
+    if ctx.sibling_stores and recipe.tuning.transfer != "off" and trials != 0 and not sharded:
         siblings = load_sibling_records({n: RecordStore(s.directory) for n, s in ctx.sibling_stores.items()},
                                         tuned_tasks, ctx.tvm_target, profile.hardware.cores or 1)
         ctx.say(f"transfer from {', '.join(ctx.sibling_stores)}: {siblings.records_used} of their records, "
@@ -40,8 +42,14 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
     else:
         where = "" if ctx.device.runs_here else f", measured on {ctx.device.where}"
         ctx.say(f"{len(tasks)} tasks, tuning {len(tuned_tasks)} with {plan.search} search{where}")
-    tuning = tune(tuned_tasks, ctx.tvm_target, ctx.store, plan, lambda p: ctx.emit(Event(ctx.name, "", p)),
-                  logs_dir=ctx.work_dir / "logs")
+    if sharded:
+        sibling_dirs = {} if recipe.tuning.transfer == "off" else {
+            n: s.directory for n, s in ctx.sibling_stores.items()}
+        tuning = tune_in_shards(tuned_tasks, ctx.tvm_target, ctx.store, plan, ctx.task_pool, sibling_dirs,
+                                ctx.work_dir / "logs", ctx.say)
+    else:
+        tuning = tune(tuned_tasks, ctx.tvm_target, ctx.store, plan, lambda p: ctx.emit(Event(ctx.name, "", p)),
+                      logs_dir=ctx.work_dir / "logs")
     summary = [_task_summary(t, recipe.tuning.search) for t in tuning.tasks]
     for t in tuning.failed:
         kept = "its best schedule so far" if t.best_us is not None else "its untuned schedule"
@@ -59,6 +67,20 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
         transfer=_transfer_summary(tuning, ctx.sibling_stores, recipe.tuning.transfer),
         tuning_failed=[f"{t.name}: {t.tuning_failed}" for t in tuning.failed],
     )
+
+
+def _splits_tasks(ctx: TargetBuild, tasks: list) -> bool:
+    """Whether the target's tasks are tuned in shards on the release's workers: only for a device that
+    every worker reaches (an RPC tracker key), never for this machine's CPU, whose candidates must be timed
+    on it one at a time (and a worker on another node would time its own CPU)."""
+    pool = ctx.task_pool
+    if pool is None or pool.size < 2 or len(tasks) < 2 or ctx.recipe.tuning.trials_per_task == 0:
+        return False
+    if ctx.device.runs_here:
+        ctx.say(f"its tasks are tuned by this worker alone: candidates for {ctx.device.where} are timed on "
+                "it, one at a time")
+        return False
+    return True
 
 
 def _task_summary(task, search: str) -> dict[str, Any]:

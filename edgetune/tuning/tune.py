@@ -287,7 +287,7 @@ def tune(
         result.curve = scheduler.curve
         for index, ((task, done), outcome) in enumerate(zip(pending, result.tasks), start=1):
             _finish_task(task, index, len(tasks), done, outcome, plan, progress, started)
-        _count_committed(tasks, result.tasks, counts, store)
+        count_committed(tasks, result.tasks, counts, store)
     result.wall_s = time.monotonic() - started
     return result
 
@@ -299,7 +299,7 @@ def _task_failed(task: TuningTask, outcome: TaskOutcome, exc: Exception) -> None
                    outcome.tuning_failed, exc_info=exc)
 
 
-def _count_committed(tasks: list[TuningTask], outcomes: list[TaskOutcome], before, store: RecordStore) -> None:
+def count_committed(tasks: list[TuningTask], outcomes: list[TaskOutcome], before, store: RecordStore) -> None:
     """Each task's measurements of this build, as its records in the store: what a failed round
     measured before it raised is committed, and counted, like any other."""
     after = store.measured_counts()

@@ -152,14 +152,24 @@ class _Undo:
 
 
 def _merge_store(source_dir: Path, target_dir: Path, undo: _Undo) -> ImportedStore:
-    from edgetune.tuning.cost_model.ranking import RankingCostModel
-
     if not target_dir.exists():
         undo.created.append(target_dir)
-    source = RecordStore(source_dir)
     target = RecordStore(target_dir)
     for path in [*target.files(), target.log_path]:
         undo.before_append(path)
+    if (source_dir / "cost_model.npz").is_file():
+        undo.before_replace(target.directory / "cost_model.npz")
+    source = RecordStore(source_dir)
+    added = merge_store(source, target)
+    return ImportedStore(source_dir.name, added, len(source.database) - added)
+
+
+def merge_store(source: RecordStore, target: RecordStore) -> int:
+    """Append the source's records that `target` lacks (same workload, trace, run times and target: the
+    same measurement), its new tuning-log lines and its learned model's training data, through `target`'s
+    own database (so a store open in this process sees them at once); the number of records added."""
+    from edgetune.tuning.cost_model.ranking import RankingCostModel
+
     known = {_record_key(r) for r in target.database.get_all_tuning_records()}
     added = 0
     for record in source.database.get_all_tuning_records():
@@ -174,12 +184,11 @@ def _merge_store(source_dir: Path, target_dir: Path, undo: _Undo) -> ImportedSto
         end_with_newline(target.log_path)
         with target.log_path.open("a") as stream:
             stream.writelines(line + "\n" for line in new)
-    if (source_dir / "cost_model.npz").is_file():
-        undo.before_replace(target.directory / "cost_model.npz")
+    if (source.directory / "cost_model.npz").is_file():
         model = RankingCostModel(path=target.directory / "cost_model.npz")
-        model.merge(RankingCostModel(path=source_dir / "cost_model.npz"))
+        model.merge(RankingCostModel(path=source.directory / "cost_model.npz"))
     target.sync()
-    return ImportedStore(source_dir.name, added, len(source.database) - added)
+    return added
 
 
 _STORE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
