@@ -35,6 +35,7 @@ from edgetune.profiles import DeviceProfile, resolve_profile
 from edgetune.recipe import FleetTarget, Recipe
 from edgetune.reference import ReferenceRuntime
 from edgetune.report import render_report
+from edgetune.runtime import release_freed_memory
 from edgetune.toolchains import check_toolchains
 from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.shards import ShardPool
@@ -63,6 +64,8 @@ def build(recipe: Recipe, only: list[str] | None = None, on_event: EventFn | Non
     toolchains = check_toolchains([profiles[t.name] for t in targets])
     relax_mod = to_relax(model)
     reference = ReferenceRuntime(model)
+    model = model.without_graph()
+    release_freed_memory()
     claim_build_directory(Path(result.output_dir), [t.name for t in targets])  # refuses what is not edgetune's
     for target in targets:
         started = time.monotonic()
@@ -190,9 +193,14 @@ def _build_target(ctx: TargetBuild) -> TargetResult:
         result.reused = True
         result.anchor_tuning_curve()
         return result
+    release_freed_memory()
     compiled = compile_stage(ctx, result, budget_ends)
+    release_freed_memory()
     latency = measure_stage(ctx, compiled.library, compiled.samples)
-    verify_stage(ctx, result, package_stage(ctx, result, compiled, latency, inputs_hash))
+    release_freed_memory()
+    packaged = package_stage(ctx, result, compiled, latency, inputs_hash)
+    release_freed_memory()
+    verify_stage(ctx, result, packaged)
     result.anchor_tuning_curve()
     return result
 

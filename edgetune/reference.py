@@ -15,7 +15,9 @@ from edgetune.frontend.model import LoadedModel
 class ReferenceRuntime:
     def __init__(self, model: LoadedModel):
         self._program = model.program
-        self._bytes = model.proto.SerializeToString() if model.proto is not None else b""
+        # the file when there is one (with its external data): a copy of its weights in memory costs 100 MB
+        self._model: str | bytes = str(model.source) if model.source is not None else (
+            model.proto.SerializeToString() if model.proto is not None else b"")
         self._inputs = [i.name for i in model.inputs]
         self._outputs = list(model.output_names)
 
@@ -43,7 +45,7 @@ class ReferenceRuntime:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-        return onnxruntime.InferenceSession(self._bytes, options, providers=["CPUExecutionProvider"])
+        return onnxruntime.InferenceSession(self._model, options, providers=["CPUExecutionProvider"])
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(zip(self._outputs, self._runner(threads=1)(inputs)))

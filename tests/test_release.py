@@ -209,3 +209,59 @@ def test_worker_killed_mid_build_loses_no_record_and_the_release_finishes(ray_cl
     release = json.loads((tmp_path / "release" / "release.json").read_text())
     assert release["ok"]
     assert all(t["trials_total"] == TRIALS for r in release["recipes"] for t in r["targets"].values())
+
+
+SHARDED_RECIPE = """\
+name: sharded
+model: {{zoo: tiny_cnn}}
+fleet:
+  - {{name: board, profile: host, connection: {{rpc: {{tracker: "{tracker}", key: {key}}}}}}}
+tuning: {{trials_per_task: {trials}, max_tasks: 3, seed: 1}}
+output: out
+"""
+
+
+def _shard_worker(build: subprocess.Popen, directory: Path, timeout_s: float):
+    """A Ray worker running a shard job, once its shard store holds a workload (it is tuning)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and build.poll() is None:
+        if list(directory.glob("out/sharded/records/*/shards/*/database_workload.json")):
+            for process in psutil.process_iter(["cmdline"]):
+                if (process.info["cmdline"] or [""])[0].startswith("ray::run_shard"):
+                    return process
+        time.sleep(0.2)
+    raise AssertionError(f"no Ray worker tuned a shard: {build.stdout.read() if build.poll() is not None else ''}")
+
+
+@pytest.mark.slow
+def test_tuning_split_over_ray_workers_survives_a_killed_shard_worker(ray_cluster: str, tmp_path: Path) -> None:
+    from test_fleet import KEY, kill, start_server, start_tracker
+
+    from edgetune.fleet import tracker
+
+    process, address = start_tracker(tmp_path)
+    servers = [start_server(tmp_path, address), start_server(tmp_path, address)]
+    try:
+        assert tracker.wait_for_servers(address, KEY, 2, 90), "the RPC servers did not register"
+        (tmp_path / "sharded.yaml").write_text(SHARDED_RECIPE.format(tracker=address, key=KEY, trials=TRIALS))
+        build = subprocess.Popen([sys.executable, "-m", "edgetune", "build", "sharded.yaml", "--workers", ray_cluster],
+                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        os.kill(_shard_worker(build, tmp_path, timeout_s=240).pid, signal.SIGKILL)
+        output, _ = build.communicate(timeout=400)
+    finally:
+        for server in servers:
+            kill(server)
+        kill(process)
+    assert build.returncode == 0, output
+    assert "shard 1/2: " in output and "shard 2/2: " in output
+    summary = json.loads((tmp_path / "out" / "sharded" / "summary.json").read_text())["targets"]["board"]
+    (store,) = tmp_path.glob("out/sharded/records/*/")
+    lines = record_lines(store)
+    assert len(lines) == len(set(lines)) == summary["trials_measured"]  # each measured once, all counted
+    for task in summary["tasks"]:  # every task its trials (or every schedule its space has), none failed
+        assert task["trials"] == TRIALS or (task["space_exhausted"] and task["trials"] >= 1), task
+        assert task["tuning_failed"] is None
+    assert not [p for p in (store / "shards").iterdir() if p.is_dir()]  # every shard merged and removed
+    assert summary["verified"] and summary["tuning_curve"]

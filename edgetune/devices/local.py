@@ -39,11 +39,18 @@ class LocalDevice(Device):
         return None
 
     def latency_ms(self, library: Path, inputs: list[np.ndarray]) -> float:
-        import tvm
+        from edgetune.isolated import in_own_process
 
-        from edgetune.runtime import load_library, time_model, use_cpu_threads
+        return in_own_process(library, library_latency_ms, library, inputs, self.cpu_threads)
 
-        device = tvm.device("cpu", 0)
-        if self.cpu_threads:
-            use_cpu_threads(self.cpu_threads)  # as many as the reference is given
-        return time_model(load_library(library, device), inputs, device)
+
+def library_latency_ms(library: Path, inputs: list[np.ndarray], cpu_threads: int | None) -> float:
+    """The library's median latency on this machine's CPU, on `cpu_threads` threads when the profile sets them."""
+    import tvm
+
+    from edgetune.runtime import load_library, time_model, use_cpu_threads
+
+    device = tvm.device("cpu", 0)
+    if cpu_threads:
+        use_cpu_threads(cpu_threads)  # as many as the reference is given
+    return time_model(load_library(library, device), inputs, device)

@@ -4,7 +4,8 @@ whichever frontend loaded it. No TVM and no frontend imports here, so every fron
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,6 +41,13 @@ class LoadedModel:
     """Receives the import's notes (conversions, rewrites, layout kept) for the build log."""
     program: Any = field(default=None, compare=False, repr=False)
     """The torch.export program, when the model is one."""
+    source: Path | None = field(default=None, compare=False)
+    """The ONNX file it was read from (None: built here, a zoo model): ONNX Runtime reads it from there."""
+
+    def without_graph(self) -> LoadedModel:
+        """The same model without its ONNX graph, once imported: a ResNet-50's weights are 100 MB that a
+        build need not hold while it compiles (the reference reads the file itself)."""
+        return replace(self, proto=None) if self.source is not None else self
 
     def sample_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         """Deterministic inputs, used both to verify against ONNX Runtime and to time the model.

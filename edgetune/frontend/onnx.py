@@ -67,7 +67,7 @@ def load_model(
     inputs = _concrete_inputs(proto, input_shapes or {}, name)
     outputs = tuple(o.name for o in proto.graph.output)
     digest = hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()
-    return LoadedModel(name, proto, inputs, outputs, digest, _index_limits(proto, inputs), say)
+    return LoadedModel(name, proto, inputs, outputs, digest, _index_limits(proto, inputs), say, source=onnx_path)
 
 
 def _index_limits(proto: onnx.ModelProto, inputs: tuple[ModelInput, ...]) -> dict[str, int]:

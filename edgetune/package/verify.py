@@ -133,13 +133,22 @@ def check_remote_outputs(directory: Path, manifest: Manifest, remote: RemoteDevi
 
 
 def _native_outputs(directory: Path, manifest: Manifest) -> dict[str, np.ndarray]:
+    from edgetune.isolated import in_own_process
+
+    inputs, _ = _sample(directory, manifest)
+    library = directory / LIBRARY_NAME
+    outputs = in_own_process(library, library_outputs, library, manifest.target.device, inputs)
+    return dict(zip(manifest.model.outputs, outputs))
+
+
+def library_outputs(library: Path, device_type: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """The library's outputs on `inputs`, run on this machine's `device_type` device."""
     import tvm
 
     from edgetune.runtime import load_library, run
 
-    device = tvm.device(manifest.target.device, 0)
-    inputs, _ = _sample(directory, manifest)
-    return dict(zip(manifest.model.outputs, run(load_library(directory / LIBRARY_NAME, device), inputs, device)))
+    device = tvm.device(device_type, 0)
+    return run(load_library(library, device), inputs, device)
 
 
 def check_native_outputs(directory: Path, manifest: Manifest) -> OutputCheck:
