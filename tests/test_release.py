@@ -265,3 +265,18 @@ def test_tuning_split_over_ray_workers_survives_a_killed_shard_worker(ray_cluste
         assert task["tuning_failed"] is None
     assert not [p for p in (store / "shards").iterdir() if p.is_dir()]  # every shard merged and removed
     assert summary["verified"] and summary["tuning_curve"]
+
+
+def test_targets_of_one_recipe_are_units_that_may_run_side_by_side(tmp_path: Path) -> None:
+    from edgetune.recipe import load_recipe
+    from edgetune.release import ReleaseRecipe, plan_units
+
+    (tmp_path / "mixed.yaml").write_text("name: mixed\nmodel: {zoo: tiny_cnn}\nfleet:\n  - {name: host, profile: host}\n"
+                                         "  - {name: rpi4, profile: raspberry-pi-4}\n"
+                                         "  - {name: a53, profile: cortex-a53}\ntuning: {trials_per_task: 0}\noutput: out\n")
+    item = ReleaseRecipe(load_recipe(tmp_path / "mixed.yaml"), "mixed.yaml", None)
+    units = {p.unit.target: p for p in plan_units([item], None, None, task_workers=3)}
+    assert not units["host"].after and not units["rpi4"].after  # different ISAs: neither waits for the other
+    assert units["a53"].after == {units["rpi4"].unit.index}  # its sibling's records warm-start it
+    assert not units["host"].resources & units["rpi4"].resources  # one record store each, no shared directory
+    assert all(p.unit.task_workers == 3 for p in units.values())
