@@ -4,24 +4,24 @@
 
 Starts a real RPC tracker and two RPC servers on 127.0.0.1 (the "board" is this machine, reached through the
 tracker as a real board would be), writes a tiny_cnn recipe whose one target is measured through them, and
-runs the real `edgetune build` on it twice per seed, interleaved: serially, then with `--workers` (the tuning
-split into shards of its tasks, one per worker). Each run starts from empty records in its own directory.
-Prints each run's wall time, and per seed serial / sharded; on this 2-core machine the two shards' searches
-and the two servers' measurements share the same cores.
+runs the real `edgetune build` on it three times per seed, interleaved: serially, with `--workers local:1` (the
+same workers' start-up, no split), and with `--workers` (the tuning split into shards of its tasks, one per
+worker). Each run starts from empty records in its own directory. Prints each run's wall time and the ratios
+serial / sharded and one worker / sharded (the split alone); on this 2-core machine the shards' searches,
+their builders and the two servers' measurements all share the same two cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from rpc_fleet import start_server, start_tracker, stop  # benchmarks/: the same tracker and servers
 
 RECIPE = """\
 name: shards
@@ -33,44 +33,17 @@ output: out
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start(argv: list[str], log: Path) -> subprocess.Popen:
-    with log.open("ab") as stream:
-        return subprocess.Popen(argv, stdout=stream, stderr=subprocess.STDOUT, start_new_session=True)
-
-
 def start_fleet(work: Path, servers: int) -> tuple[list[subprocess.Popen], str]:
     """A tracker and `servers` RPC servers under the key `bench`, registered before this returns."""
     from edgetune.fleet import tracker
 
-    port = _free_port()
-    address = f"127.0.0.1:{port}"
-    processes = [_start([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
-                         "--port-end", str(port + 1)], work / "tracker.log")]
-    time.sleep(2)
-    for index in range(servers):
-        server_port = _free_port()
-        processes.append(_start([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", address, "--key", "bench",
-                                 "--host", "127.0.0.1", "--port", str(server_port), "--port-end",
-                                 str(server_port + 1)], work / f"server-{index}.log"))
+    process, address = start_tracker(work)
+    processes = [process] + [start_server(work, address) for _ in range(servers)]
     if not tracker.wait_for_servers(address, "bench", servers, 90):
-        stop_fleet(processes)
+        for process in processes:
+            stop(process)
         raise SystemExit(f"the RPC servers did not register; see {work}/*.log")
     return processes, address
-
-
-def stop_fleet(processes: list[subprocess.Popen]) -> None:
-    for process in processes:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
 
 
 def timed_build(directory: Path, workers: str | None) -> tuple[float, int]:
@@ -101,20 +74,24 @@ def main() -> None:
     try:
         for seed in args.seeds:
             row = {"seed": seed}
-            for mode, workers in (("serial", None), ("sharded", args.workers)):
+            for mode, workers in (("serial", None), ("one-worker", "local:1"), ("sharded", args.workers)):
                 directory = work / f"seed{seed}-{mode}-{time.strftime('%H%M%S')}"
                 directory.mkdir()
                 (directory / "shards.yaml").write_text(RECIPE.format(tracker=address, trials=args.trials,
                                                                      max_tasks=args.max_tasks, seed=seed))
                 row[f"{mode}_s"], row[f"{mode}_trials"] = timed_build(directory, workers)
-                print(f"seed {seed} {mode:8s} {row[f'{mode}_s']:7.1f} s  {row[f'{mode}_trials']} trials", flush=True)
+                print(f"seed {seed} {mode:10s} {row[f'{mode}_s']:7.1f} s  {row[f'{mode}_trials']} trials", flush=True)
             row["ratio"] = row["serial_s"] / row["sharded_s"]
+            row["split_ratio"] = row["one-worker_s"] / row["sharded_s"]
             rows.append(row)
     finally:
-        stop_fleet(fleet)
-    ratios = [r["ratio"] for r in rows]
-    print(f"serial / sharded ({args.workers}): median {statistics.median(ratios):.2f}x, "
-          f"min {min(ratios):.2f}x, max {max(ratios):.2f}x over {len(rows)} seeds")
+        for process in fleet:
+            stop(process)
+    for key, what in (("ratio", f"serial / sharded ({args.workers})"),
+                      ("split_ratio", f"one worker (local:1) / sharded ({args.workers})")):
+        ratios = [r[key] for r in rows]
+        print(f"{what}: median {statistics.median(ratios):.2f}x, min {min(ratios):.2f}x, max {max(ratios):.2f}x "
+              f"over {len(rows)} seeds")
     if args.json:
         args.json.write_text(json.dumps({"workers": args.workers, "trials": args.trials, "max_tasks": args.max_tasks,
                                          "runs": rows}, indent=2) + "\n")

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from edgetune.fleet import tracker
 from edgetune.fleet.endpoints import RemoteDevice
 from edgetune.ownership import create_owned
 from edgetune.tuning.shards import SHARDS_DIR, partition
 from edgetune.tuning.tasks import TuningTask
-from test_fleet import KEY, kill, start_server, start_tracker
+from test_fleet import KEY, tracker_with_two_servers  # noqa: F401  (a fixture: two RPC servers on 127.0.0.1)
 
 TRIALS = 2
 
@@ -32,21 +31,8 @@ def test_partition_balances_the_work_and_is_deterministic() -> None:
     assert partition(tasks[:1], 4) == [[0]] and partition([], 3) == []
 
 
-@pytest.fixture()
-def two_servers(tmp_path: Path):
-    process, address = start_tracker(tmp_path)
-    servers = [start_server(tmp_path, address), start_server(tmp_path, address)]
-    try:
-        assert tracker.wait_for_servers(address, KEY, 2, 90), "the RPC servers did not register"
-        yield address
-    finally:
-        for server in servers:
-            kill(server)
-        kill(process)
-
-
 @pytest.mark.slow
-def test_shards_on_a_process_pool_measure_each_task_once_and_merge_a_dead_builds_shard(two_servers: str,
+def test_shards_on_a_process_pool_measure_each_task_once_and_merge_a_dead_builds_shard(tracker_with_two_servers,
                                                                                       tmp_path: Path) -> None:
     from edgetune.devices import RpcDevice
     from edgetune.frontend.onnx import fuse_for_tuning, load_model, to_relax
@@ -56,7 +42,7 @@ def test_shards_on_a_process_pool_measure_each_task_once_and_merge_a_dead_builds
     from edgetune.tuning.tune import TuningPlan, tune
     from edgetune.workers import ProcessShardPool
 
-    host, _, port = two_servers.rpartition(":")
+    host, _, port = tracker_with_two_servers[0].rpartition(":")
     target = resolve_profile("host", None).tvm_target()
     tasks = extract_lightest(target, 3, fuse_for_tuning, load_model, to_relax)
     device = RpcDevice("x86_64", RemoteDevice(host, int(port), KEY, 10.0, "gcc"))
