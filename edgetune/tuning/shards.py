@@ -135,7 +135,8 @@ def tune_in_shards(tasks: list[TuningTask], target: Any, store: RecordStore, pla
                  keep_for_later=None, siblings=None), sibling_dirs, logs_dir)
             for number, group in enumerate(groups, start=1)]
     for job in jobs:
-        say(f"{job.label}: {len(job.tasks)} tasks ({', '.join(t.name for t in job.tasks)}) on a worker")
+        plural = "s" if len(job.tasks) != 1 else ""
+        say(f"{job.label}: {len(job.tasks)} task{plural} ({', '.join(t.name for t in job.tasks)}) on a worker")
     outcomes = pool.run_shards(jobs) if jobs else []
     result.tasks = [TaskOutcome(t.name, t.weight, t.flops, counts[_key(t)], 0, _best_us(store, t)) for t in tasks]
     shard_curves = []
