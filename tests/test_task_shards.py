@@ -54,10 +54,13 @@ def test_shards_on_a_process_pool_measure_each_task_once_and_merge_a_dead_builds
     leftover = tmp_path / "records" / SHARDS_DIR / "2-of-2"
     create_owned(leftover)
     tune(tasks[2:], target, RecordStore(leftover), plan)
+    with (leftover / "database_tuning_record.json").open("a") as records:
+        records.write('[0, [[["GetSBlock"')  # the dying worker's last line, cut short
     said: list[str] = []
     result = tune_in_shards(tasks, target, store, plan, ProcessShardPool(2), {}, tmp_path / "logs", said.append)
 
     assert f"merged {TRIALS} records that the shards of an interrupted build had committed" in said
+    assert any(line.startswith("warning: ") and "database_tuning_record.json:" in line for line in said), said
     assert sum(line.startswith("shard ") for line in said) == 2, said  # the two tasks still wanting trials
     counts = store.measured_counts()
     lines = (tmp_path / "records" / "database_tuning_record.json").read_text().splitlines()

@@ -106,11 +106,17 @@ def merge_leftover_shards(store: RecordStore, say: Callable[[str], None]) -> int
     added = 0
     for directory in sorted(root.iterdir()) if root.is_dir() else []:
         if directory.is_dir() and is_owned(directory):
-            shard = RecordStore(directory)
-            for warning in shard.damage_warnings()[:-1]:  # the repair advice does not apply: it is removed now
-                say(f"warning: {warning}")
-            added += merge_store(shard, store)
-            shutil.rmtree(directory)
+            added += _merge_shard(directory, store, say)
+    return added
+
+
+def _merge_shard(directory: Path, store: RecordStore, say: Callable[[str], None]) -> int:
+    """One shard into `store`, its damaged lines (a worker killed mid-write) reported and skipped, then removed."""
+    shard = RecordStore(directory)
+    for warning in shard.damage_warnings()[:-1]:  # the repair advice does not apply: the shard is removed now
+        say(f"warning: {warning}")
+    added = merge_store(shard, store)
+    shutil.rmtree(directory)
     return added
 
 
@@ -141,8 +147,7 @@ def tune_in_shards(tasks: list[TuningTask], target: Any, store: RecordStore, pla
     result.tasks = [TaskOutcome(t.name, t.weight, t.flops, counts[_key(t)], 0, _best_us(store, t)) for t in tasks]
     shard_curves = []
     for job, outcome in zip(jobs, outcomes):
-        merge_store(RecordStore(job.store_dir), store)
-        shutil.rmtree(job.store_dir)
+        _merge_shard(job.store_dir, store, say)
         if isinstance(outcome, str):
             say(f"warning: {job.label} failed ({outcome}); its tasks keep what it committed")
             for position in job.positions:
