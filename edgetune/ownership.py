@@ -63,3 +63,11 @@ def foreign_directory_problem(directory: Path) -> str | None:
     return (f"{directory}: exists, is not empty and was not created by edgetune (no {MARKER_NAME} marker); "
             "edgetune never deletes or overwrites what it did not create: choose another output directory "
             "or move this one away")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace `path` with `text` in one rename: a reader (or a build killed mid-write) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)

@@ -28,6 +28,7 @@ from edgetune.devices import open_device
 from edgetune.errors import EdgetuneError, InputError
 from edgetune.fleet.endpoints import remote_device
 from edgetune.frontend.onnx import load_model, to_relax
+from edgetune.ownership import write_atomically
 from edgetune.package.artifact import claim_build_directory, sha256_file
 from edgetune.package.signing import load_private_key, sign_manifest, signature_matches
 from edgetune.package.verify import checksum_problems, load_manifest
@@ -101,10 +102,7 @@ def build(recipe: Recipe, only: list[str] | None = None, on_event: EventFn | Non
 def write_summary_and_report(result: BuildResult) -> None:
     """summary.json (replaced atomically: a release's reader never sees half of one) and report.html."""
     summary_path = Path(result.output_dir) / SUMMARY_NAME
-    summary_path.parent.mkdir(parents=True, exist_ok=True)
-    partial = summary_path.with_name(SUMMARY_NAME + ".partial")
-    partial.write_text(json.dumps(result.to_json(), indent=2) + "\n")
-    partial.replace(summary_path)
+    write_atomically(summary_path, json.dumps(result.to_json(), indent=2) + "\n")
     render_report(summary_path.parent)
 
 

@@ -25,7 +25,7 @@ from urllib.parse import quote
 import jinja2
 
 from edgetune.errors import EdgetuneError, InputError
-from edgetune.ownership import foreign_directory_problem, mark_owned
+from edgetune.ownership import foreign_directory_problem, mark_owned, write_atomically
 from edgetune.profiles import resolve_profile
 from edgetune.recipe import Recipe, load_default_recipe, load_recipe
 from edgetune.workers import Unit, UnitOutcome, WorkerSpec, open_executor
@@ -235,9 +235,9 @@ def write_release(release: Release, release_dir: Path, strict: bool) -> list[Pat
     mark_owned(release_dir)
     summary = release.to_json(strict)
     json_path = release_dir / RELEASE_JSON
-    _write_atomically(json_path, json.dumps(summary, indent=2) + "\n")
+    write_atomically(json_path, json.dumps(summary, indent=2) + "\n")
     page = release_dir / RELEASE_PAGE
-    _write_atomically(page, render_release_page(summary, release_dir.resolve()))
+    write_atomically(page, render_release_page(summary, release_dir.resolve()))
     release.files = [json_path, page]
     return release.files
 
@@ -277,11 +277,4 @@ def render_release_page(summary: dict[str, Any], release_dir: Path) -> str:
 
 def _link(path: str, release_dir: Path) -> str:
     return quote(os.path.relpath(path, release_dir), safe="/")
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    partial.replace(path)
 

@@ -27,7 +27,8 @@ from edgetune.tuning.database.store import RecordStore, commit_record
 from edgetune.tuning.task_scheduler import TaskOutcome
 from edgetune.tuning.tasks import TuningTask
 from edgetune.tuning.transfer.siblings import TransferStats, load_sibling_records
-from edgetune.tuning.tune import TaskProgress, TuningPlan, TuningResult, count_committed, tune
+from edgetune.tuning.tune import (TaskProgress, TuningPlan, TuningResult, best_us, count_committed, task_key,
+                                  tune)
 
 SHARDS_DIR = "shards"
 _COST_MODEL = "cost_model.npz"
@@ -128,7 +129,7 @@ def tune_in_shards(tasks: list[TuningTask], target: Any, store: RecordStore, pla
     if added := merge_leftover_shards(store, say):
         say(f"merged {added} records that the shards of an interrupted build had committed")
     counts = store.measured_counts()
-    wanting = [p for p, t in enumerate(tasks) if counts[_key(t)] < plan.trials_per_task]
+    wanting = [p for p, t in enumerate(tasks) if counts[task_key(t)] < plan.trials_per_task]
     result = TuningResult()
     budget_s = plan.time_budget_s
     if budget_s is not None and plan.keep_for_later is not None and wanting:
@@ -144,7 +145,7 @@ def tune_in_shards(tasks: list[TuningTask], target: Any, store: RecordStore, pla
         plural = "s" if len(job.tasks) != 1 else ""
         say(f"{job.label}: {len(job.tasks)} task{plural} ({', '.join(t.name for t in job.tasks)}) on a worker")
     outcomes = pool.run_shards(jobs) if jobs else []
-    result.tasks = [TaskOutcome(t.name, t.weight, t.flops, counts[_key(t)], 0, _best_us(store, t)) for t in tasks]
+    result.tasks = [TaskOutcome(t.name, t.weight, t.flops, counts[task_key(t)], 0, best_us(store, t)) for t in tasks]
     shard_curves = []
     for job, outcome in zip(jobs, outcomes):
         _merge_shard(job.store_dir, store, say)
@@ -169,7 +170,7 @@ def _job(number: int, of: int, positions: list[int], tasks: list[TuningTask], ta
     directory = store.directory / SHARDS_DIR / f"{number}-of-{of}"
     create_owned(directory)
     shard = RecordStore(directory)
-    keys = {_key(tasks[p]) for p in positions}
+    keys = {task_key(tasks[p]) for p in positions}
     for record in store.database.get_all_tuning_records():
         if tvm_ffi.structural_hash(record.workload.mod) in keys:
             commit_record(shard.database, record)
@@ -208,13 +209,4 @@ def _combined_transfer(total: TransferStats | None, shard: TransferStats | None)
     total.seed_best.update(shard.seed_best)
     total.distrusted |= shard.distrusted
     return total
-
-
-def _best_us(store: RecordStore, task: TuningTask) -> float | None:
-    best = store.best_seconds(task)
-    return best * 1e6 if best is not None else None
-
-
-def _key(task: TuningTask) -> int:
-    return tvm_ffi.structural_hash(task.mod)
 

@@ -254,13 +254,13 @@ def tune(
     if _transfers(plan):
         result.transfer = TransferStats(plan.siblings.sources, plan.transfer, plan.siblings.records_used)
     counts = store.measured_counts()
-    pending = [(t, counts[_key(t)]) for t in tasks]
+    pending = [(t, counts[task_key(t)]) for t in tasks]
     with _stop_requests() as stop:
         if any(plan.trials_per_task > done for _, done in pending):
             register_tensor_intrinsics(target)
             builder, runner = _measurers(plan, stop)
             cost_model = _cost_model(plan, store, result.transfer)
-        result.tasks = [TaskOutcome(t.name, t.weight, t.flops, done, 0, _best_us(store, t)) for t, done in pending]
+        result.tasks = [TaskOutcome(t.name, t.weight, t.flops, done, 0, best_us(store, t)) for t, done in pending]
 
         def measure_round(position: int, trials: int, enough: int) -> None:
             task, outcome = tasks[position], result.tasks[position]
@@ -282,7 +282,7 @@ def tune(
                 raise TuningInterrupted(f"interrupted: {kept}; run the same command again to resume")
 
         scheduler = TaskScheduler(result.tasks, plan.trials_per_task, plan.time_budget_s, started, measure_round,
-                                  lambda position: _best_us(store, tasks[position]), after_round)
+                                  lambda position: best_us(store, tasks[position]), after_round)
         result.kept_s = scheduler.run(plan.keep_for_later)
         result.curve = scheduler.curve
         for index, ((task, done), outcome) in enumerate(zip(pending, result.tasks), start=1):
@@ -304,12 +304,13 @@ def count_committed(tasks: list[TuningTask], outcomes: list[TaskOutcome], before
     measured before it raised is committed, and counted, like any other."""
     after = store.measured_counts()
     for task, outcome in zip(tasks, outcomes):
-        key = _key(task)
+        key = task_key(task)
         outcome.trials_measured = max(0, after[key] - before[key])
-        outcome.best_us = _best_us(store, task)
+        outcome.best_us = best_us(store, task)
 
 
-def _best_us(store: RecordStore, task: TuningTask) -> float | None:
+def best_us(store: RecordStore, task: TuningTask) -> float | None:
+    """The task's best measured latency in the store, in microseconds (None: no valid record)."""
     best = store.best_seconds(task)
     return best * 1e6 if best is not None else None
 
@@ -321,7 +322,8 @@ def _finish_task(task, index, total, done, outcome, plan, progress, started) -> 
                               time.monotonic() - started))
 
 
-def _key(task: TuningTask) -> int:
+def task_key(task: TuningTask) -> int:
+    """The task's workload hash, as the store counts its records (RecordStore.measured_counts)."""
     import tvm_ffi
 
     return tvm_ffi.structural_hash(task.mod)
