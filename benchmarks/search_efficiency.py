@@ -111,7 +111,8 @@ def tune_once(system: str, mod, profile, trials: int, per_iter: int, seed: int) 
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.measure_callback import MeasureCallback, PyMeasureCallback
 
-    from edgetune.tuning.builder import create_builder
+    from edgetune.tuning.builder import CandidateBuilder
+    from edgetune.tuning.local_runner import LocalCandidateRunner
     from edgetune.tuning.cost_model.ranking import RankingCostModel
     from edgetune.tuning.search_strategy.draft_verify import DraftVerifySearch
 
@@ -157,8 +158,8 @@ def tune_once(system: str, mod, profile, trials: int, per_iter: int, seed: int) 
             max_trials_global=trials,
             max_trials_per_task=trials,
             num_trials_per_iter=per_iter,
-            builder=create_builder(max_workers=cores),
-            runner=ms.runner.LocalRunner(),
+            builder=CandidateBuilder(max_workers=cores),
+            runner=LocalCandidateRunner(),
             database=ms.database.MemoryDatabase(),
             cost_model=cost_model,
             measure_callbacks=list(MeasureCallback.create("default")) + [Timeline()],

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 
 from edgetune.errors import EdgetuneError, InputError
+from edgetune.isolated import keep_torch_out
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Tune a model for a fleet of edge devices with Apache TVM.")
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -26,6 +27,9 @@ RecordsDirOption = Annotated[Optional[Path], typer.Option(
     "--records-dir", metavar="DIR",
     help="Where the devices' tuning records persist across builds (replaces the recipe's records_dir).")]
 
+
+_RUNS_AS_COMMAND = False
+"""True in the `edgetune` command's process (main()), which may refuse imports it will never need."""
 
 MAX_ERROR_LINES = 50
 """Problems printed before the rest are counted: 200,000 copies of one mistake help nobody."""
@@ -104,6 +108,7 @@ def build(
         if records_dir is not None and records_dir.exists() and not records_dir.is_dir():
             raise InputError(f"--records-dir {records_dir}: exists and is not a directory; expected a directory")
         loaded = override_connection(chosen, target, rpc_tracker, rpc_key)
+        _keep_torch_out_unless_needed([loaded])
         from edgetune.pipeline import build as run_build  # imports TVM (seconds): only for a valid recipe
 
         with _ProgressView(out) as progress:
@@ -117,6 +122,13 @@ def build(
         json_path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
     tuning_failed = any(t.tuning_failed for t in result.targets.values())
     raise typer.Exit(0 if result.ok and not (strict and tuning_failed) else 1)
+
+
+def _keep_torch_out_unless_needed(recipes: list) -> None:
+    """A build of ONNX and zoo models never uses PyTorch, which TVM would import (200 MB, 2 s). Only the
+    `edgetune` command's own process refuses it: a caller that imported this module may still want it."""
+    if _RUNS_AS_COMMAND and all(recipe.model.exported_program is None for recipe in recipes):
+        keep_torch_out()
 
 
 def _build_release(recipes: list[Path], target: list[str] | None, json_path: Path | None, rpc: str | None,
@@ -134,6 +146,7 @@ def _build_release(recipes: list[Path], target: list[str] | None, json_path: Pat
             raise InputError(f"--records-dir {records_dir}: exists and is not a directory; expected a directory")
         spec = parse_workers(workers) if workers is not None else None
         items = load_release(recipes, target, release_dir, sign_key)
+        _keep_torch_out_unless_needed([item.recipe for item in items])
         out.print(f"release: {sum(len(i.only or i.recipe.fleet) for i in items)} targets of {len(items)} recipes, "
                   f"workers: {spec.text if spec else 'serial, in this process'}", markup=False, soft_wrap=True)
         with _ProgressView(out) as progress:
@@ -544,5 +557,7 @@ def _record_locations(recipe: Path, records_dir: Path | None) -> dict:
 
     return record_locations(_fleet_recipe(recipe), None, records_dir)
 def main() -> None:
+    global _RUNS_AS_COMMAND
+    _RUNS_AS_COMMAND = True
     sys.stdout.reconfigure(line_buffering=True)  # progress must reach a CI log as it happens
     sys.exit(app())

@@ -1,8 +1,12 @@
-"""Run what loads a large compiled library in a process of its own, so its weights go when that process ends.
+"""Processes of edgetune's own that never import PyTorch: large libraries, and TVM's pool workers.
 
 TVM never unloads a library it loaded: its weights stay in the process for good. A ResNet-50 build loaded
 three (tuned, untuned, the packaged one), 240 MB each, and peaked at 1.9 GB for 100 MB of weights. This
 module imports no TVM, so the process it starts imports only what the function it runs needs.
+
+`python -m edgetune.isolated READ_FD WRITE_FD` is TVM's pool worker (`tvm.exec.popen_worker`) without
+PyTorch, which `tvm_ffi` imports whenever it is installed: 200 MB and 2 s more for each builder and runner
+worker, none of which uses it (tuning/worker_pool.py starts them).
 """
 
 from __future__ import annotations
@@ -25,10 +29,26 @@ def in_own_process(library: Path, function: Callable[..., T], *args: Any) -> T:
     """`function(*args)`, which loads `library`: in a fresh process when the library is large."""
     if library.stat().st_size <= LOADED_APART_BYTES:
         return function(*args)
-    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_without_torch) as pool:
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=keep_torch_out) as pool:
         return pool.submit(function, *args).result()
 
 
-def _without_torch() -> None:
-    """A process that only runs a library has no use for PyTorch, which TVM imports when it can (200 MB)."""
+def keep_torch_out() -> None:
+    """`import torch` fails from now on in this process (unless it already happened): a process that only
+    compiles or runs libraries has no use for PyTorch, which TVM imports when it can (200 MB, 2 s)."""
     sys.modules.setdefault("torch", None)  # type: ignore[arg-type]  # Python's way to make an import fail
+
+
+def run_tvm_pool_worker() -> None:
+    """TVM's pool worker loop, in this process, with PyTorch kept out."""
+    keep_torch_out()
+    from tvm.exec import popen_worker
+
+    popen_worker.main()
+
+
+if __name__ == "__main__":
+    try:
+        run_tvm_pool_worker()
+    except (OSError, KeyboardInterrupt):  # the parent went away: as TVM's own worker does, end quietly
+        pass

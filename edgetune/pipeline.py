@@ -50,6 +50,7 @@ def build(recipe: Recipe, only: list[str] | None = None, on_event: EventFn | Non
     private key that signs each artifact's manifest (manifest.sig); `task_pool`: workers that tune shards
     of a target's tasks; `write_summary`: False for one unit of a release, whose summary.json and report
     cover all the recipe's targets and are written once they are all built (edgetune.release)."""
+    build_started = time.monotonic()
     emit = on_event or (lambda event: None)
     signer = load_private_key(sign_key) if sign_key is not None else None  # a bad key fails before any work
     profiles = {t.name: resolve_profile(t.profile, t.overrides) for t in recipe.fleet}
@@ -68,8 +69,8 @@ def build(recipe: Recipe, only: list[str] | None = None, on_event: EventFn | Non
     model = model.without_graph()
     release_freed_memory()
     claim_build_directory(Path(result.output_dir), [t.name for t in targets])  # refuses what is not edgetune's
-    for target in targets:
-        started = time.monotonic()
+    for position, target in enumerate(targets):
+        started = time.monotonic() if position else build_started  # the first target's budget covers the import
         try:
             profile = profiles[target.name]
             sibling_stores = {name: stores[name] for name in siblings[target.name] if stores[name].exists()}
@@ -81,7 +82,7 @@ def build(recipe: Recipe, only: list[str] | None = None, on_event: EventFn | Non
             device = open_device(target, profile, toolchain, remote)
             result.targets[target.name] = _build_target(TargetBuild(
                 recipe, target, profile, toolchain, model, relax_mod, reference, store,
-                sibling_stores, device, emit, signer, task_pool))
+                sibling_stores, device, emit, signer, task_pool, started))
         except TuningInterrupted:
             raise
         except EdgetuneError as exc:
@@ -179,8 +180,8 @@ def _build_target(ctx: TargetBuild) -> TargetResult:
     _check_device(ctx)
     result = tune_stage(ctx)
     result.device = ctx.device.summary()
-    # the budget runs on the tuner's clock, which starts after task extraction
-    budget_ends = time.monotonic() - result.tuning_s + ctx.budget_s if ctx.budget_s is not None else None
+    # the in-model comparison ends early enough for the stages after it to end within the budget
+    budget_ends = ctx.budget_ends - ctx.finish_reserve_s if ctx.budget_ends is not None else None
     inputs_hash = _inputs_hash(ctx)
     if _reusable(ctx.artifact_dir, ctx.archive, inputs_hash):
         ctx.say("inputs unchanged: keeping the packaged artifact")
@@ -194,7 +195,7 @@ def _build_target(ctx: TargetBuild) -> TargetResult:
     release_freed_memory()
     compiled = compile_stage(ctx, result, budget_ends)
     release_freed_memory()
-    latency = measure_stage(ctx, compiled.library, compiled.samples)
+    latency = measure_stage(ctx, compiled.library, compiled.samples, compiled.untuned_library)
     release_freed_memory()
     packaged = package_stage(ctx, result, compiled, latency, inputs_hash)
     release_freed_memory()

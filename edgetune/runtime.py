@@ -56,9 +56,10 @@ def _flatten(result) -> list[np.ndarray]:
 def time_model(
     vm: relax.VirtualMachine, inputs: list[np.ndarray], device: tvm.runtime.Device, min_total_s: float = 1.0
 ) -> float:
-    """Median latency in milliseconds over _REPEATS repeats (_SLOW_REPEATS single calls for a model whose one
-    call takes `min_total_s`), together about `min_total_s` long, or shorter
-    for a model so fast that _ENOUGH_CALLS calls take less (never under _SHORTEST_S).
+    """Median latency in milliseconds over _REPEATS repeats, together about `min_total_s` long, or shorter
+    for a model so fast that _ENOUGH_CALLS calls take less (never under _SHORTEST_S). A model whose one call
+    takes `min_total_s` is timed over single calls, at most _SLOW_REPEATS and about _SLOW_TOTAL_CALLS x
+    `min_total_s` in all (an untuned ResNet-50, 6 s a call, over one).
 
     Calls per repeat come from three timed calls, not from TVM's `min_repeat_ms`: that grows the count
     by 1.618x steps until a repeat is long enough and keeps the overshoot, so a 0.03 ms model took
@@ -68,8 +69,9 @@ def time_model(
     started = time.perf_counter()
     vm["main"](*args)  # warm-up: first call allocates
     repeats = _REPEATS
-    if time.perf_counter() - started >= min_total_s:  # an untuned ResNet-50 takes 6 s a call: one per repeat,
-        number, repeats = 1, _SLOW_REPEATS  # and the median of three (5 took 30 s of a build's 6-minute budget)
+    first_call_s = time.perf_counter() - started
+    if first_call_s >= min_total_s:  # 5 calls of an untuned ResNet-50 took 30 s of a build's 6-minute budget
+        number, repeats = 1, max(1, min(_SLOW_REPEATS, round(_SLOW_TOTAL_CALLS * min_total_s / first_call_s)))
     else:
         per_call_s = max(float(vm.time_evaluator("main", device, number=1, repeat=3)(*args).median), 1e-7)
         total_s = min(min_total_s, max(_SHORTEST_S, _ENOUGH_CALLS * per_call_s))
@@ -80,6 +82,7 @@ def time_model(
 
 _REPEATS = 5
 _SLOW_REPEATS = 3
+_SLOW_TOTAL_CALLS = 3
 _ENOUGH_CALLS = 1000
 _SHORTEST_S = 0.2
 

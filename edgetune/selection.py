@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import median
+from typing import Any
 
 import numpy as np
 import tvm
@@ -76,18 +79,22 @@ class Selection:
     """...and with the tuner's best ones."""
     stopped_by_deadline: bool = False
     """Fewer ranks were compared than the records had: the next would not have fit before the deadline."""
+    default_library: Path | None = None
+    """The model with every default schedule (the untuned model), as `keep_default` exported it."""
 
 
 def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, database: Database,
                      inputs: list[np.ndarray], device: tvm.runtime.Device, candidates: int,
                      winograd: WinogradPolicy | None = None, runs: int = 30,
-                     deadline: float | None = None) -> Selection:
+                     deadline: float | None = None,
+                     keep_default: Callable[[Any], Path] | None = None) -> Selection:
     """The model's kernels each with the fastest in the model of their `candidates` best schedules and
     their default one.
 
     Runs the model on `device` in this process, so it is for targets measured on this machine.
     `deadline` (a `time.monotonic()` instant, the end of a tuning budget): after the tuner's best, a
-    model is compiled and timed only if the previous one's time still fits before it.
+    model is compiled and timed only if the previous one's time still fits before it. `keep_default`
+    exports the default schedules' model, which is the untuned one, so the build need not compile it again.
     """
     start = time.monotonic()
     records = _in_memory(database)
@@ -101,16 +108,20 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
     arguments = [tvm.runtime.tensor(x, device) for x in inputs]
     depth = max(map(len, ranked.values()))
     times: dict[int, dict[int, float]] = {}  # per rank (DEFAULT_RANK too): workload key -> us per inference
-    model_s, stopped = 0.0, False
+    model_s, stopped, default_library = 0.0, False, None
     for rank in [0, DEFAULT_RANK, *range(1, depth)]:
         model_started = time.monotonic()
         if rank != 0 and deadline is not None and model_started + model_s > deadline:
             stopped = True
             break
         picked = _pick(ranked, dict.fromkeys(ranked, rank))
+        executable = compile_model(relax_mod, target, picked, winograd)
         max_s = _DEFAULT_TIMING_SHARE * runs * sum(times[0].values()) / 1e6 if rank == DEFAULT_RANK else None
-        times[rank] = _per_workload(_time_in_model(relax_mod, target, picked, winograd, arguments, device, runs,
-                                                   max_s), workload_of)
+        times[rank] = _per_workload(_kernel_times(relax.VirtualMachine(executable, device), arguments, runs, max_s),
+                                    workload_of)
+        if rank == DEFAULT_RANK and keep_default is not None:
+            default_library = keep_default(executable)
+        del executable  # the next rank's compile needs the memory of this one's weights
         model_s = time.monotonic() - model_started
 
     timed = [key for key in ranked if key in times[0]]  # a workload no kernel of the model ran keeps rank 0
@@ -119,7 +130,8 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
                for name, w in workload_of.items() if _key(w) in timed}
     return Selection(_pick(ranked, chosen), choices, len(times), time.monotonic() - start,
                      in_model_us=sum(times[chosen[key]][key] for key in timed),
-                     tuner_best_in_model_us=sum(times[0][key] for key in timed), stopped_by_deadline=stopped)
+                     tuner_best_in_model_us=sum(times[0][key] for key in timed), stopped_by_deadline=stopped,
+                     default_library=default_library)
 
 
 def _per_workload(per_kernel: dict[str, float], workload_of: dict[str, Workload]) -> dict[int, float]:

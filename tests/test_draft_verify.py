@@ -129,7 +129,8 @@ def test_short_tuning_run_improves_on_its_first_batch(tmp_path):
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.measure_callback import MeasureCallback, PyMeasureCallback
 
-    from edgetune.tuning.builder import create_builder
+    from edgetune.tuning.builder import CandidateBuilder
+    from edgetune.tuning.local_runner import LocalCandidateRunner
 
     profile = load_profile("host")
     batches: list[float] = []
@@ -148,8 +149,8 @@ def test_short_tuning_run_improves_on_its_first_batch(tmp_path):
         work_dir=str(tmp_path),
         max_trials_global=24,
         num_trials_per_iter=4,
-        builder=create_builder(max_workers=2),
-        runner=ms.runner.LocalRunner(),
+        builder=CandidateBuilder(max_workers=2),
+        runner=LocalCandidateRunner(),
         database=ms.database.MemoryDatabase(),
         cost_model=model,
         measure_callbacks=list(MeasureCallback.create("default")) + [BatchBest()],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import tvm
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
@@ -30,13 +31,47 @@ def test_a_kernel_the_tuner_ranked_first_but_slow_in_the_model_gives_way(tmp_pat
     assert {p.name: p.read_bytes() for p in store.directory.iterdir()} == before  # the store is only read
 
 
+def test_the_default_schedules_model_is_kept_as_the_untuned_library(tmp_path):
+    """The build times the untuned model from this library instead of compiling the model a second time."""
+    import numpy as np
+
+    from edgetune.compile import compile_model, export_library
+
+    relax_mod, target, store, _, inputs, _ = _strided_ranked_first(tmp_path)
+    kept: list[Path] = []
+
+    def keep(executable) -> Path:
+        kept.append(export_library(executable, tmp_path / "untuned.so"))
+        return kept[-1]
+
+    selection = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2,
+                                 keep_default=keep)
+
+    assert kept == [selection.default_library] and selection.default_library.is_file()
+    untuned = export_library(compile_model(relax_mod, target, None), tmp_path / "compiled-untuned.so")
+    # Run apart: after this fixture's selection, running a model in the same process has crashed TVM.
+    for kept_output, untuned_output in zip(_outputs_apart(selection.default_library, inputs),
+                                           _outputs_apart(untuned, inputs)):
+        np.testing.assert_array_equal(kept_output, untuned_output)
+
+
+def _outputs_apart(library: Path, inputs: list) -> list:
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from edgetune.package.verify import library_outputs
+
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(library_outputs, library, "cpu", inputs).result()
+
+
 def test_past_the_deadline_only_the_tuners_best_is_compiled(tmp_path):
     relax_mod, target, store, heaviest, inputs, _ = _strided_ranked_first(tmp_path)
 
     selection = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2,
-                                 deadline=time.monotonic())
+                                 deadline=time.monotonic(), keep_default=lambda executable: tmp_path / "unused")
 
-    assert selection.models_compiled == 1
+    assert selection.models_compiled == 1 and selection.default_library is None
     assert selection.choices[heaviest.name].rank == 0
     assert selection.in_model_us == selection.tuner_best_in_model_us > 0
 

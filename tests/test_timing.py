@@ -6,9 +6,10 @@ import tvm
 from tvm import te
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from tvm.s_tir.meta_schedule.builder import BuilderInput
-from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner, RunnerInput
+from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, RunnerInput
 
-from edgetune.tuning.builder import create_builder
+from edgetune.tuning.builder import CandidateBuilder
+from edgetune.tuning.local_runner import LocalCandidateRunner
 from edgetune.tuning.measurements import mean_seconds
 from edgetune.tuning.tune import timing
 
@@ -16,7 +17,7 @@ _WEIGHT_FLOATS = 32 << 10  # 128 KB: warm, all three buffers sit in a core's L2;
 
 
 def _mean_us(config: EvaluatorConfig, artifact: str, args: list) -> float:
-    (future,) = LocalRunner(evaluator_config=config).run([RunnerInput(artifact, "cpu", args)])
+    (future,) = LocalCandidateRunner(config).run([RunnerInput(artifact, "cpu", args)])
     result = future.result()
     assert result.error_msg is None, result.error_msg
     return mean_seconds(result.run_secs) * 1e6
@@ -27,7 +28,7 @@ def test_a_cpu_kernel_is_timed_with_its_weights_out_of_the_cache() -> None:
     weight = te.placeholder((_WEIGHT_FLOATS,), name="weight")
     out = te.compute((_WEIGHT_FLOATS,), lambda i: activation[i] + weight[i], name="out")
     mod = tvm.IRModule({"main": te.create_prim_func([activation, weight, out])})
-    (built,) = create_builder(max_workers=1).build([BuilderInput(mod, tvm.target.Target({"kind": "llvm"}))])
+    (built,) = CandidateBuilder(max_workers=1).build([BuilderInput(mod, tvm.target.Target({"kind": "llvm"}))])
     assert built.error_msg is None, built.error_msg
     args = ArgInfo.from_prim_func(mod["main"])
 

@@ -16,11 +16,13 @@ from edgetune.cuda_precompile import precompile_cuda
 
 @dataclass(frozen=True)
 class CompiledTarget:
-    """The exported library, how its CUDA kernels ship (None: not a CUDA target), and the sample inputs."""
+    """The exported library, how its CUDA kernels ship (None: not a CUDA target), the sample inputs, and
+    the untuned model's library when the in-model comparison already built it (None: not built)."""
 
     library: Path
     cuda_kernels: str | None
     samples: dict[str, np.ndarray]
+    untuned_library: Path | None = None
 
 
 def compile_stage(ctx: TargetBuild, result: TargetResult, budget_ends: float | None) -> CompiledTarget:
@@ -29,34 +31,41 @@ def compile_stage(ctx: TargetBuild, result: TargetResult, budget_ends: float | N
 
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     samples = ctx.model.sample_inputs()
-    database = ctx.store.database
+    database, untuned_library = ctx.store.database, None
     if ctx.candidates > 1:
         ctx.say(f"timing each kernel's {ctx.candidates} best schedules and its default inside the model")
-        database = _select_in_model(ctx, result, samples, budget_ends)
+        database, untuned_library = _select_in_model(ctx, result, samples, budget_ends)
     ctx.say(f"compiling with the tuned records ({ctx.toolchain.cc.name})")
     executable = compile_model(ctx.relax_mod, ctx.tvm_target, database, ctx.winograd, on_skip=lambda why: ctx.say(
         f"warning: a tuned schedule does not replay on kernel {why}; that kernel compiles unscheduled"))
     cuda_kernels = _precompile_kernels(ctx, executable)
     library = export_library(executable, ctx.work_dir / "model.so", ctx.toolchain.fcompile())
-    return CompiledTarget(library, cuda_kernels, samples)
+    return CompiledTarget(library, cuda_kernels, samples, untuned_library)
 
 
 def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, np.ndarray],
                      deadline: float | None):
-    """The database to compile with: each kernel's fastest in the model of its tuned best few and its default.
+    """The database to compile with: each kernel's fastest in the model of its tuned best few and its default,
+    and the untuned model's library, exported when its default schedules were compiled (None if they were not).
 
     Fills the result's `selection` summary and each task's `in_model_rank` (0: the tuner's best; None: not
     compared, or `kept_default`: its default schedule beat every tuned one in the model).
     """
     import tvm
 
+    from edgetune.compile import export_library
     from edgetune.runtime import use_cpu_threads
     from edgetune.selection import DEFAULT_RANK, select_schedules
 
     if ctx.profile.cpu_threads:
         use_cpu_threads(ctx.profile.cpu_threads)  # the threads the model is timed and shipped with
+
+    def keep_untuned(executable) -> Path:
+        return export_library(executable, ctx.work_dir / "untuned.so", ctx.device.export_function())
+
     selection = select_schedules(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
-                                 tvm.device(ctx.profile.device, 0), ctx.candidates, ctx.winograd, deadline=deadline)
+                                 tvm.device(ctx.profile.device, 0), ctx.candidates, ctx.winograd, deadline=deadline,
+                                 keep_default=keep_untuned)
     for task in result.tasks:
         choice = selection.choices.get(task["name"])
         task["kept_default"] = choice is not None and choice.rank == DEFAULT_RANK
@@ -71,7 +80,7 @@ def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, 
         "tuner_best_in_model_us": selection.tuner_best_in_model_us,
         "stopped_by_budget": selection.stopped_by_deadline,
     }
-    return selection.database
+    return selection.database, selection.default_library
 
 
 def _precompile_kernels(ctx: TargetBuild, executable) -> str | None:

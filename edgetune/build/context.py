@@ -3,8 +3,9 @@ so the stages take one argument instead of a dozen positional ones."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,6 +66,10 @@ class TargetBuild:
     emit: EventFn
     signer: Ed25519PrivateKey | None = None
     task_pool: ShardPool | None = None  # workers that tune shards of its tasks (a release's --workers)
+    started: float = field(default_factory=time.monotonic)  # the budget counts from here (the model's import too)
+    finish_reserve_s: float = 0.0
+    """Of the budget, what the stages after the in-model comparison are expected to take (final compile,
+    timing, package, verify); set once one compile and run of the model was timed (build/tune.py)."""
 
     def say(self, message: str) -> None:
         """One progress line under this target's name."""
@@ -94,6 +99,14 @@ class TargetBuild:
     def budget_s(self) -> float | None:
         minutes = self.recipe.tuning.time_budget_min
         return minutes * 60 if minutes else None
+
+    @property
+    def budget_ends(self) -> float | None:
+        """The `time.monotonic()` instant by which the whole target build should be done (None: no budget)."""
+        return self.started + self.budget_s if self.budget_s is not None else None
+
+    def budget_left_s(self) -> float | None:
+        return self.budget_ends - time.monotonic() if self.budget_ends is not None else None
 
     @property
     def build_dir(self) -> Path:

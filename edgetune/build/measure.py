@@ -26,8 +26,10 @@ class Latency:
         return {"tuned": self.tuned, "untuned": self.untuned, "onnxruntime": self.reference}
 
 
-def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray]) -> Latency:
-    """Time the tuned and the untuned model on the target's device; the reference only beside them here."""
+def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray],
+                  untuned: Path | None = None) -> Latency:
+    """Time the tuned and the untuned model on the target's device; the reference only beside them here.
+    `untuned`: the untuned model's library when the compile stage built it already."""
     device = ctx.device
     if not device.can_measure:
         return Latency()
@@ -36,7 +38,7 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
     else:
         ctx.say(f"timing tuned and untuned on the device ({device.where})")
     inputs = ctx.sample_list(samples)
-    untuned = _untuned_library(ctx, device.export_function())
+    untuned = untuned or _untuned_library(ctx, device.export_function())
     tuned_ms, untuned_ms = device.latency_ms(library, inputs), device.latency_ms(untuned, inputs)
     reference_ms = ctx.reference.time(samples, threads=ctx.profile.hardware.cores or 1) if device.runs_here else None
     return Latency(tuned=tuned_ms, untuned=untuned_ms, reference=reference_ms, measured_on=device.where)

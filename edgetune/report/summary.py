@@ -30,7 +30,8 @@ class TargetResult(BaseModel):
     trials_measured: int = 0
     trials_total: int = 0
     tuning_s: float = 0.0  # tuning wall time in this build
-    kept_for_selection_s: float = 0.0  # of the tuning budget, left to comparing schedules inside the model
+    kept_for_selection_s: float = 0.0  # of the tuning budget, left to comparing schedules inside the model and
+    # to the stages after it (final compile, timing, package, verify)
     tuning_curve: list[tuple[float, float]] = []
     """(seconds of tuning, model milliseconds) after each round once every tuned task had a schedule: the
     tuned kernels' summed time (weight x best) plus the rest of the model's time, which is the measured

@@ -1,15 +1,21 @@
-"""Candidate builder: TVM's LocalBuilder with a build function that skips the 10-second import.
+"""Candidate builder: MetaSchedule's local build, on long-lived workers, without the 10-second import.
 
-TVM's default build function imports `tvm.s_tir.tensor_intrin` (mostly CUDA intrinsics) in every
-freshly started worker, i.e. once per batch; for the targets edgetune tunes on the CPU that import
-buys nothing, so this build function does the same lowering without it.
+TVM's LocalBuilder starts new workers for every batch; these workers (tuning/worker_pool.py) last the
+whole tuning run. TVM's default build function imports `tvm.s_tir.tensor_intrin` (mostly CUDA
+intrinsics) in every fresh worker; for the targets edgetune tunes on the CPU that import buys nothing,
+so this build function does the same lowering without it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from tvm.s_tir.meta_schedule.builder import LocalBuilder
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
+from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func
+from tvm.support.popen_pool import StatusKind
+
+from edgetune.tuning.worker_pool import WorkerPool
 
 
 def build_candidate(mod, target, _params):
@@ -21,14 +27,30 @@ def build_candidate(mod, target, _params):
     return tvm_build(mod, target=target)
 
 
-def create_builder(
-    max_workers: int,
-    timeout_sec: float = 60.0,
-    initializer: Callable[[], None] | None = None,
-    f_export: Callable | None = None,
-) -> LocalBuilder:
-    """`f_export` None keeps TVM's `.tar` export (linked where it runs); a device gets linked `.so` files."""
-    return LocalBuilder(
-        max_workers=max_workers, timeout_sec=timeout_sec, f_build=build_candidate, f_export=f_export,
-        initializer=initializer,
-    )
+@derived_object
+class CandidateBuilder(PyBuilder):
+    """Builds a batch of candidates in parallel, each into an artifact the runner loads.
+
+    `f_export` None keeps TVM's `.tar` export (linked where it runs); a device gets linked `.so` files.
+    `close()` ends the workers (they also end with the builder).
+    """
+
+    def __init__(self, max_workers: int, timeout_sec: float = 60.0, f_export: Callable | None = None) -> None:
+        super().__init__()
+        self.timeout_sec = timeout_sec
+        self.f_export = f_export
+        self.pool = WorkerPool(max_workers, timeout_sec)
+
+    def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
+        jobs = [(build_candidate, self.f_export, i.mod, i.target, _serialize_params(i.params)) for i in build_inputs]
+        return [self._result(r) for r in self.pool.map_with_error_catching(lambda job: _worker_func(*job), jobs)]
+
+    def _result(self, finished) -> BuilderResult:
+        if finished.status == StatusKind.COMPLETE:
+            return BuilderResult(finished.value, None)
+        if finished.status == StatusKind.TIMEOUT:
+            return BuilderResult(None, f"LocalBuilder: Timeout, killed after {self.timeout_sec} seconds")
+        return BuilderResult(None, f"LocalBuilder: An exception occurred\n{finished.value}")
+
+    def close(self) -> None:
+        self.pool.shutdown()

@@ -31,11 +31,11 @@ from tvm.s_tir.meta_schedule.runner import (
     RunnerResult,
 )
 from tvm.s_tir.meta_schedule.utils import remove_build_dir
-from tvm.support.popen_pool import PopenPoolExecutor
 
 from edgetune.errors import BuildError
 from edgetune.fleet import tracker
 from edgetune.fleet.endpoints import RemoteDevice
+from edgetune.tuning.worker_pool import WorkerPool
 
 _CONNECT_GRACE_S = 10.0
 """Beyond the session timeout: time to get a server from the tracker and connect to it."""
@@ -114,8 +114,7 @@ class RetryingRPCRunner(PyRunner):
     saying so. `timing`: how each candidate is timed (MetaSchedule's default when left out).
     """
 
-    def __init__(self, remote: RemoteDevice, stop: threading.Event, timing: EvaluatorConfig | None = None,
-                 initializer: Callable[[], None] | None = None) -> None:
+    def __init__(self, remote: RemoteDevice, stop: threading.Event, timing: EvaluatorConfig | None = None) -> None:
         super().__init__()
         self.remote = remote
         self.stop = stop
@@ -123,11 +122,11 @@ class RetryingRPCRunner(PyRunner):
         servers = tracker.require_servers(remote.tracker, remote.key)
         config = RPCConfig(remote.tracker_host, remote.tracker_port, remote.key,
                            session_timeout_sec=remote.timeout_s)
-        self.inner = RPCRunner(config, timing, max_workers=servers, initializer=initializer)
-        # RPCRunner's pool waits forever on a server that hangs; this one gives up after the session.
+        self.inner = RPCRunner(config, timing, max_workers=servers)
+        # RPCRunner's pool waits forever on a server that hangs, and its workers import PyTorch; this one
+        # gives up after the session, and its workers do not.
         self.inner.pool.shutdown()
-        self.inner.pool = PopenPoolExecutor(max_workers=servers, timeout=remote.timeout_s + _CONNECT_GRACE_S,
-                                            initializer=initializer)
+        self.inner.pool = WorkerPool(servers, timeout=remote.timeout_s + _CONNECT_GRACE_S)
 
     def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
         if self._servers_left() == 0:  # requests for a key without servers would wait out the timeout
@@ -150,6 +149,9 @@ class RetryingRPCRunner(PyRunner):
 
     def _measure(self, runner_inputs: list[RunnerInput]) -> list[RunnerResult]:
         return [future.result() for future in self.inner.run(runner_inputs)]
+
+    def close(self) -> None:
+        self.inner.pool.shutdown()
 
     def _servers_left(self) -> int:
         try:

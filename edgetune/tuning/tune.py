@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -32,11 +32,12 @@ from edgetune.fleet.endpoints import RemoteDevice
 from edgetune.profiles import Hardware
 from edgetune.runtime import use_cpu_threads
 from edgetune.tuning import search_strategy
-from edgetune.tuning.builder import create_builder
+from edgetune.tuning.builder import CandidateBuilder
 from edgetune.tuning.cost_model.ranking import RankingCostModel
 from edgetune.tuning.cost_model.transfer import TransferCostModel, TransferMode
 from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.intrinsics import register_tensor_intrinsics
+from edgetune.tuning.local_runner import LocalCandidateRunner
 from edgetune.tuning.remote import DeviceLost, RetryingRPCRunner, shared_object_export
 from edgetune.tuning.search_strategy.draft_verify import SearchCounts
 from edgetune.tuning.search_strategy.seeded import SeededSearch
@@ -139,11 +140,6 @@ def _stop_requests() -> Iterator[threading.Event]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _ignore_interrupts() -> None:
-    """Builder and runner workers share the terminal's process group: Ctrl-C is for the main process."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 @derived_object
 class _ReportProgress(PyMeasureCallback):
     """Counts the trials of the running task and reports the best latency after every batch."""
@@ -225,16 +221,14 @@ def local_builder_runner(cores: int, device: str) -> tuple[ms.builder.Builder, m
     """Candidates built and run on this machine, on the target's cores."""
     if device == "cpu":
         use_cpu_threads(cores)  # inherited by the runner's workers
-    return (create_builder(max_workers=cores, initializer=_ignore_interrupts),
-            ms.runner.LocalRunner(evaluator_config=timing(device), initializer=_ignore_interrupts))
+    return CandidateBuilder(max_workers=cores), LocalCandidateRunner(timing(device))
 
 
 def remote_builder_runner(remote: RemoteDevice, cores: int, device: str,
                           stop: threading.Event) -> tuple[ms.builder.Builder, ms.runner.Runner]:
     """Candidates linked here for the device and measured on it over RPC; a lost key sets `stop`."""
-    builder = create_builder(max_workers=cores, initializer=_ignore_interrupts,
-                             f_export=shared_object_export(remote.compiler))
-    return builder, RetryingRPCRunner(remote, stop, timing(device), initializer=_ignore_interrupts)
+    builder = CandidateBuilder(max_workers=cores, f_export=shared_object_export(remote.compiler))
+    return builder, RetryingRPCRunner(remote, stop, timing(device))
 
 
 def tune(
@@ -255,10 +249,12 @@ def tune(
         result.transfer = TransferStats(plan.siblings.sources, plan.transfer, plan.siblings.records_used)
     counts = store.measured_counts()
     pending = [(t, counts[task_key(t)]) for t in tasks]
-    with _stop_requests() as stop:
+    with _stop_requests() as stop, ExitStack() as workers:
         if any(plan.trials_per_task > done for _, done in pending):
             register_tensor_intrinsics(target)
             builder, runner = _measurers(plan, stop)
+            workers.callback(builder.close)  # the workers end with the tuning, before the compile needs memory
+            workers.callback(runner.close)
             cost_model = _cost_model(plan, store, result.transfer)
         result.tasks = [TaskOutcome(t.name, t.weight, t.flops, done, 0, best_us(store, t)) for t, done in pending]
 

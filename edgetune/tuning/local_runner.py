@@ -1,0 +1,44 @@
+"""Measuring candidates on this machine: MetaSchedule's LocalRunner on a worker that never imports PyTorch.
+
+The same timing function as TVM's LocalRunner, one candidate at a time on one long-lived worker
+(tuning/worker_pool.py), so the candidates never run side by side and the worker costs 190 MB, not 400.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, PyRunner, RunnerFuture, RunnerInput
+from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture, _worker_func
+
+from edgetune.tuning.worker_pool import WorkerPool
+
+
+@derived_object
+class LocalCandidateRunner(PyRunner):
+    """Times each candidate in turn; one that runs past `timeout_sec` is killed and recorded as an error."""
+
+    def __init__(self, timing: EvaluatorConfig | None = None, timeout_sec: float = 30.0) -> None:
+        super().__init__()
+        self.timing = EvaluatorConfig._normalized(timing)
+        self.timeout_sec = timeout_sec
+        self.pool = WorkerPool(1, timeout_sec, stderr=subprocess.DEVNULL)
+
+    def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
+        return [self._measure(runner_input) for runner_input in runner_inputs]
+
+    def _measure(self, runner_input: RunnerInput) -> RunnerFuture:
+        arguments = tuple(info.as_json() for info in runner_input.args_info)
+        job = self.pool.submit(_worker_func, None, None, None, self.timing, 1, str(runner_input.artifact_path),
+                               str(runner_input.device_type), arguments)
+        try:
+            return LocalRunnerFuture(res=job.result(), error_message=None)
+        except TimeoutError:
+            return LocalRunnerFuture(res=None, error_message=f"LocalRunner: Timeout, killed after "
+                                                             f"{self.timeout_sec} seconds\n")
+        except Exception as exc:  # the candidate's own failure, reported as TVM's runner reports it
+            return LocalRunnerFuture(res=None, error_message=f"LocalRunner: An exception occurred\n{exc}")
+
+    def close(self) -> None:
+        self.pool.shutdown()
