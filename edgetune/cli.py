@@ -17,6 +17,7 @@ from rich.table import Table
 
 from edgetune.errors import EdgetuneError, InputError
 from edgetune.isolated import keep_torch_out
+from edgetune.yamlsource import read_yaml
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Tune a model for a fleet of edge devices with Apache TVM.")
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -100,6 +101,7 @@ def build(
     from edgetune.fleet.endpoints import override_connection
     from edgetune.recipe import load_default_recipe, load_recipe
 
+    _keep_torch_out_unless_needed([recipe])
     try:
         if recipe is None:
             out.print("no recipe given: building the default recipe (ResNet-18 for this machine) into ./build",
@@ -108,7 +110,6 @@ def build(
         if records_dir is not None and records_dir.exists() and not records_dir.is_dir():
             raise InputError(f"--records-dir {records_dir}: exists and is not a directory; expected a directory")
         loaded = override_connection(chosen, target, rpc_tracker, rpc_key)
-        _keep_torch_out_unless_needed([loaded])
         from edgetune.pipeline import build as run_build  # imports TVM (seconds): only for a valid recipe
 
         with _ProgressView(out) as progress:
@@ -124,11 +125,23 @@ def build(
     raise typer.Exit(0 if result.ok and not (strict and tuning_failed) else 1)
 
 
-def _keep_torch_out_unless_needed(recipes: list) -> None:
-    """A build of ONNX and zoo models never uses PyTorch, which TVM would import (200 MB, 2 s). Only the
-    `edgetune` command's own process refuses it: a caller that imported this module may still want it."""
-    if _RUNS_AS_COMMAND and all(recipe.model.exported_program is None for recipe in recipes):
-        keep_torch_out()
+def _keep_torch_out_unless_needed(recipes: list[Path | None]) -> None:
+    """A build of ONNX and zoo models never uses PyTorch, which TVM would import (200 MB, 2 s). Decided from
+    the files before they are checked (checking a recipe imports TVM); a file that cannot be read is left to
+    the check. Only the `edgetune` command's own process refuses it: a caller of this module may want it."""
+    if not _RUNS_AS_COMMAND:
+        return
+    for path in recipes:
+        if path is None:  # the default recipe: a zoo model
+            continue
+        try:
+            data = read_yaml(path).data
+        except InputError:
+            return
+        model = data.get("model") if isinstance(data, dict) else None
+        if not isinstance(model, dict) or "exported_program" in model:
+            return
+    keep_torch_out()
 
 
 def _build_release(recipes: list[Path], target: list[str] | None, json_path: Path | None, rpc: str | None,
@@ -139,6 +152,7 @@ def _build_release(recipes: list[Path], target: list[str] | None, json_path: Pat
     from edgetune.workers import parse_workers
 
     release_dir = release_dir if release_dir is not None else DEFAULT_RELEASE_DIR
+    _keep_torch_out_unless_needed(list(recipes) or [None])
     try:
         if rpc is not None:
             raise InputError("--rpc-tracker/--rpc-key set one target's connection: build a single recipe for that")
@@ -146,7 +160,6 @@ def _build_release(recipes: list[Path], target: list[str] | None, json_path: Pat
             raise InputError(f"--records-dir {records_dir}: exists and is not a directory; expected a directory")
         spec = parse_workers(workers) if workers is not None else None
         items = load_release(recipes, target, release_dir, sign_key)
-        _keep_torch_out_unless_needed([item.recipe for item in items])
         out.print(f"release: {sum(len(i.only or i.recipe.fleet) for i in items)} targets of {len(items)} recipes, "
                   f"workers: {spec.text if spec else 'serial, in this process'}", markup=False, soft_wrap=True)
         with _ProgressView(out) as progress:
@@ -205,6 +218,8 @@ class _ProgressView:
         detail = f"task {p.index}/{p.total} {p.task}: {p.trials_done}/{p.trials_planned} trials, best {best}"
         if self.progress is None:
             left = p.elapsed_s / done * (p.total - done) if done > 0 else None
+            if p.budget_s is not None:
+                left = max(0.0, min(left if left is not None else p.budget_s, p.budget_s - p.elapsed_s))
             estimate = f", ~{left:.0f} s left" if left is not None else ""
             self.console.print(f"[{event.target}] {detail}, {p.elapsed_s:.0f} s{estimate}", markup=False)
             return

@@ -88,6 +88,7 @@ class TaskProgress:
     trials_planned: int
     best_us: float | None
     elapsed_s: float  # since tuning of this target began
+    budget_s: float | None = None  # the tuning's time budget: no estimate of what is left goes past it
 
 
 @dataclass
@@ -315,7 +316,7 @@ def _finish_task(task, index, total, done, outcome, plan, progress, started) -> 
     """A task this build measured nothing of still shows in the progress, with its stored best."""
     if progress and outcome.trials_measured == 0 and plan.trials_per_task > 0 and not outcome.skipped_for_budget:
         progress(TaskProgress(index, total, task.name, done, plan.trials_per_task, outcome.best_us,
-                              time.monotonic() - started))
+                              time.monotonic() - started, plan.time_budget_s))
 
 
 def task_key(task: TuningTask) -> int:
@@ -348,7 +349,7 @@ def _tune_one(task, index, total, trials, enough, target, store, plan, builder, 
         if progress:
             progress(TaskProgress(index, total, task.name, outcome.trials_before + outcome.trials_measured,
                                   plan.trials_per_task, best * 1e6 if best else None,
-                                  time.monotonic() - tuning_started))
+                                  time.monotonic() - tuning_started, plan.time_budget_s))
 
     per_round = min(trials, MAX_TRIALS_PER_ROUND)
     context = ms.TuneContext(
