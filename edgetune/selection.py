@@ -116,11 +116,11 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
             break
         picked = _pick(ranked, dict.fromkeys(ranked, rank))
         executable = compile_model(relax_mod, target, picked, winograd)
+        if rank == DEFAULT_RANK and keep_default is not None:  # before it runs: a run gives its constants
+            default_library = keep_default(executable)  # scopes, and TVM warns about each when saving them
         max_s = _DEFAULT_TIMING_SHARE * runs * sum(times[0].values()) / 1e6 if rank == DEFAULT_RANK else None
         times[rank] = _per_workload(_kernel_times(relax.VirtualMachine(executable, device), arguments, runs, max_s),
                                     workload_of)
-        if rank == DEFAULT_RANK and keep_default is not None:
-            default_library = keep_default(executable)
         del executable  # the next rank's compile needs the memory of this one's weights
         model_s = time.monotonic() - model_started
 

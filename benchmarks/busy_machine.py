@@ -1,0 +1,103 @@
+"""A build on a busy machine against the same build on an idle one: the artifacts timed side by side.
+
+    python benchmarks/busy_machine.py --model resnet18 --budget-min 6 --hogs 1 --seeds 1
+
+For each seed, the zoo model is built twice from scratch (fresh records, the host profile, draft-verify
+unless `--search` says otherwise, the given budget): once on the idle machine, once with `--hogs`
+CPU-bound processes (busy loops at normal priority) running beside the build. Then, with the machine
+idle again, both artifacts and ONNX Runtime are timed interleaved in one process, and the table gives
+each latency and the ratio busy / idle (1.0: the busy machine cost nothing; the goal is within 1.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e import build_artifact, recipe_text, time_side_by_side  # noqa: E402  (sets the thread counts first)
+
+HOG = "while True:\n    pass\n"
+
+
+@contextmanager
+def cpu_hogs(count: int):
+    """`count` busy-loop processes for the duration of the block."""
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def build(model: str, budget_min: float, search: str, seed: int, hogs: int, output: Path) -> dict:
+    text = recipe_text(f"busy-{hogs}-{seed}", model, 2, 100_000, budget_min, search, output, 4)
+    text = text.replace("  seed: 0\n", f"  seed: {seed}\n")
+    with cpu_hogs(hogs):
+        started = time.monotonic()
+        summary = build_artifact(text)
+    summary["wall_s"] = time.monotonic() - started
+    return summary
+
+
+def time_artifacts(model_name: str, libraries: dict[str, Path], repeats: int) -> dict[str, float]:
+    """Median ms of each library and of ONNX Runtime, interleaved on the (now idle) machine."""
+    import tvm
+
+    from edgetune.frontend.onnx import load_model
+    from edgetune.reference import ReferenceRuntime
+    from edgetune.runtime import load_library
+
+    model = load_model(zoo=model_name, onnx_path=None, input_shapes=None)
+    x = model.sample_inputs()[model.inputs[0].name]
+    device = tvm.cpu(0)
+    tvm_x = tvm.runtime.tensor(x, device)
+    machines = {name: load_library(path, device) for name, path in libraries.items()}
+    session = ReferenceRuntime(model)._session(2)
+    runners = {name: (lambda vm=vm: vm["main"](tvm_x)) for name, vm in machines.items()}
+    runners["onnxruntime"] = lambda: session.run(None, {model.inputs[0].name: x})
+    return {name: t["median_ms"] for name, t in time_side_by_side(runners, repeats, 1.0).items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=("resnet18", "mobilenet_v2"), default="resnet18")
+    parser.add_argument("--budget-min", type=float, default=6.0)
+    parser.add_argument("--search", choices=("evolutionary", "draft-verify"), default="draft-verify")
+    parser.add_argument("--hogs", type=int, default=1, help="busy-loop processes beside the busy build")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="edgetune-busy-") as scratch:
+        for seed in args.seeds:
+            built = {}
+            for label, hogs in (("idle", 0), ("busy", args.hogs)):
+                print(f"seed {seed}: building {args.model} on the {label} machine ({hogs} hogs)", flush=True)
+                built[label] = build(args.model, args.budget_min, args.search, seed, hogs, Path(scratch) / label)
+            times = time_artifacts(args.model, {k: Path(v["artifact_dir"]) / "model.so" for k, v in built.items()},
+                                   args.repeats)
+            rows.append((seed, built, times))
+    print(f"\n{args.model}, {args.search}, {args.budget_min} min, {args.hogs} hog(s) beside the busy build")
+    print("seed  idle ms  busy ms  ORT ms  busy/idle  idle vs ORT  busy vs ORT  trials idle/busy  wall idle/busy")
+    for seed, built, times in rows:
+        idle, busy, ort = times["idle"], times["busy"], times["onnxruntime"]
+        print(f"{seed:4d} {idle:8.2f} {busy:8.2f} {ort:7.2f} {busy / idle:9.3f}x {ort / idle:10.3f}x "
+              f"{ort / busy:10.3f}x {built['idle']['trials_measured']:8d}/{built['busy']['trials_measured']:<6d}"
+              f" {built['idle']['wall_s']:6.0f}/{built['busy']['wall_s']:.0f} s")
+    ratios = [times["busy"] / times["idle"] for _, _, times in rows]
+    print(f"busy/idle median {np.median(ratios):.3f}x, range {min(ratios):.3f}-{max(ratios):.3f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
