@@ -45,7 +45,8 @@ class Device(ABC):
 
     @abstractmethod
     def tuning_builder_runner(self, cores: int, stop: threading.Event) -> tuple[Any, Any]:
-        """MetaSchedule's builder and runner for candidates timed on the device (tuning/tune.py's seam)."""
+        """MetaSchedule's builder and runner for candidates timed on the device (tuning/tune.py's seam), each
+        with a `close()` that ends its worker processes."""
 
     @abstractmethod
     def export_function(self) -> Callable | None:

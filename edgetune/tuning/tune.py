@@ -50,7 +50,8 @@ logger = logging.getLogger(__name__)
 
 class CandidateMeasurer(Protocol):
     """What the tuning loop asks of a device (edgetune.devices.Device fits): MetaSchedule's builder and
-    runner for it, on `cores` workers; `stop` is the loop's stop request."""
+    runner for it, on `cores` workers, each with a `close()` that ends its workers when tuning ends; `stop`
+    is the loop's stop request."""
 
     def tuning_builder_runner(self, cores: int, stop: threading.Event) -> tuple[ms.builder.Builder,
                                                                                 ms.runner.Runner]: ...
