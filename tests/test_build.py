@@ -37,6 +37,7 @@ def test_build_reports_latencies_and_a_verified_artifact(built) -> None:
     host = summary["targets"]["host"]
     assert host["verified"] is True
     assert host["trials_measured"] >= 2 * 2 - 1  # a trivial task may offer fewer distinct candidates
+    assert "trials_per_task" in host["tuning_stopped_by"] and "time_budget" not in host["tuning_stopped_by"]
     for key in ("latency_ms", "untuned_latency_ms", "reference_latency_ms"):
         assert host[key] > 0
     assert Path(host["artifact"]) == directory / "out" / "tiny" / "host.tar.gz"
@@ -79,6 +80,7 @@ def test_a_time_budget_covers_the_whole_target_build(tmp_path) -> None:
     assert host["tuning_s"] <= budget_s - kept + 5  # the last round may overrun by a little (more on a busy machine)
     assert host["tuning_s"] + selection["seconds"] <= budget_s + 5
     assert host["wall_s"] <= budget_s + 5
+    assert host["tuning_stopped_by"][0] == "time_budget"  # 1000 trials do not fit in 18 s
     assert selection["models_compiled"] >= 1 and "the tuning budget kept" in (tmp_path / "out" / "tiny" /
                                                                             "report.html").read_text()
 

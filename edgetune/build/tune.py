@@ -51,6 +51,9 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
         tuning = tune(tuned_tasks, ctx.tvm_target, ctx.store, plan, lambda p: ctx.emit(Event(ctx.name, "", p)),
                       logs_dir=ctx.work_dir / "logs")
     summary = [_task_summary(t, recipe.tuning.search) for t in tuning.tasks]
+    stopped_by = _stopped_by(tuning.tasks, plan.trials_per_task) if trials != 0 else []
+    if stopped_by:
+        ctx.say(f"tuning ended by: {', '.join(stopped_by)} ({tuning.trials_measured} trials in {tuning.wall_s:.0f} s)")
     for t in tuning.failed:
         kept = "its best schedule so far" if t.best_us is not None else "its untuned schedule"
         ctx.say(f"warning: tuning of task {t.name} failed ({t.tuning_failed}); it keeps {kept}")
@@ -59,6 +62,7 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
         trials_measured=tuning.trials_measured,
         trials_total=sum(t["trials"] for t in summary),
         tuning_s=tuning.wall_s,
+        tuning_stopped_by=stopped_by,
         kept_for_selection_s=tuning.kept_s,
         tuning_curve=tuning.curve,
         tasks=summary,
@@ -67,6 +71,17 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
         transfer=_transfer_summary(tuning, ctx.sibling_stores, recipe.tuning.transfer),
         tuning_failed=[f"{t.name}: {t.tuning_failed}" for t in tuning.failed],
     )
+
+
+def _stopped_by(outcomes: list, trials_per_task: int) -> list[str]:
+    """Each bound that ended some task's tuning (TargetResult.tuning_stopped_by), in a fixed order."""
+    reasons = {
+        "time_budget": any(o.skipped_for_budget for o in outcomes),
+        "trials_per_task": any(o.trials_before + o.trials_measured >= trials_per_task for o in outcomes),
+        "search_space": any(o.space_exhausted for o in outcomes),
+        "failed": any(o.tuning_failed for o in outcomes),
+    }
+    return [reason for reason, ended in reasons.items() if ended]
 
 
 def _splits_tasks(ctx: TargetBuild, tasks: list) -> bool:

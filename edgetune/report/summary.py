@@ -30,6 +30,10 @@ class TargetResult(BaseModel):
     trials_measured: int = 0
     trials_total: int = 0
     tuning_s: float = 0.0  # tuning wall time in this build
+    tuning_stopped_by: list[str] = []
+    """What ended the tuning of its tasks: "time_budget" (tasks cut or skipped), "trials_per_task" (a task
+    reached its trials), "search_space" (a search ran out of schedules it had not measured), "failed";
+    empty when nothing was tuned."""
     kept_for_selection_s: float = 0.0  # of the tuning budget, left to comparing schedules inside the model and
     # to the stages after it (final compile, timing, package, verify)
     tuning_curve: list[tuple[float, float]] = []

@@ -87,16 +87,23 @@ class TaskScheduler:
 
     def run(self, keep_for_later: Callable[[], float] | None = None) -> float:
         """Every round until no task can take one; returns the seconds of the budget kept for later
-        (`keep_for_later`, asked once after the first pass when rounds remain)."""
-        budget_s, kept_s = self.time_budget_s, 0.0
+        (`keep_for_later`, asked once: after the first pass when rounds remain, or during a first pass that
+        has used half the budget, so that what is left of it is cut to fit; tasks go heaviest first, so
+        what such a cut skips is the model's lightest kernels)."""
+        budget_s, kept_s, asked = self.time_budget_s, 0.0, False
         self._record_curve_point()  # a resumed build's tasks start from their stores' bests
         first_pass = self.trials_per_task if budget_s is None else min(_FIRST_PASS_TRIALS, self.trials_per_task)
         for position, outcome in enumerate(self.outcomes):
-            if first_pass > outcome.trials_before:
-                self._round(position, first_pass - outcome.trials_before, budget_s)
+            if first_pass <= outcome.trials_before:
+                continue
+            if (budget_s is not None and keep_for_later is not None and not asked
+                    and time.monotonic() - self.started > budget_s / 2):
+                kept_s, asked = keep_for_later(), True
+                budget_s -= kept_s
+            self._round(position, first_pass - outcome.trials_before, budget_s)
         if budget_s is None:
             return kept_s
-        if keep_for_later is not None and next_round(self.outcomes, self.trials_per_task) is not None:
+        if keep_for_later is not None and not asked and next_round(self.outcomes, self.trials_per_task) is not None:
             kept_s = keep_for_later()
             budget_s -= kept_s
         while (position := next_round(self.outcomes, self.trials_per_task)) is not None:

@@ -1,0 +1,47 @@
+"""The task scheduler under a time budget: what it keeps for the stages after tuning is kept in time."""
+
+from __future__ import annotations
+
+import time
+
+from edgetune.tuning.task_scheduler import TaskOutcome, TaskScheduler
+
+_ROUND_S = 0.3
+
+
+def _run(tasks: int, budget_s: float, kept_s: float, trials_per_task: int = 8
+         ) -> tuple[list[TaskOutcome], list[int], float]:
+    """Rounds that each take _ROUND_S; returns the outcomes, the rounds done when the reserve was asked for,
+    and the seconds from the start to the end of the last round."""
+    outcomes = [TaskOutcome(f"task{i}", 1, 1e6, 0, 0, None) for i in range(tasks)]
+    rounds_done: list[int] = []
+    asked_after: list[int] = []
+
+    def measure_round(position: int, trials: int, enough: int) -> None:
+        time.sleep(_ROUND_S)
+        outcomes[position].trials_measured += trials
+        rounds_done.append(position)
+
+    def keep_for_later() -> float:
+        asked_after.append(len(rounds_done))
+        return kept_s
+
+    started = time.monotonic()
+    scheduler = TaskScheduler(outcomes, trials_per_task, budget_s, started, measure_round, lambda p: 10.0, lambda: None)
+    assert scheduler.run(keep_for_later) == kept_s
+    return outcomes, asked_after, time.monotonic() - started
+
+
+def test_a_first_pass_past_half_the_budget_keeps_the_reserve_at_once_and_cuts_the_rest() -> None:
+    """Without this, a slow first pass (a busy machine) ran to the budget's end, then kept the reserve on top."""
+    budget_s, kept_s = 1.0, 0.3
+    outcomes, asked_after, elapsed = _run(4, budget_s, kept_s)
+    assert asked_after == [2]  # 0.6 s of 1.0 gone after two rounds
+    assert outcomes[3].skipped_for_budget and outcomes[3].trials_measured == 0  # the lightest task
+    assert elapsed + kept_s <= budget_s + _ROUND_S  # a round started in time may end a little past
+
+
+def test_a_quick_first_pass_keeps_the_reserve_after_it() -> None:
+    outcomes, asked_after, _ = _run(2, 100.0, 0.3, trials_per_task=16)  # rounds remain after the first pass
+    assert asked_after == [2] and not any(o.skipped_for_budget for o in outcomes)
+    assert all(o.trials_measured == 16 for o in outcomes)
