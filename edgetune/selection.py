@@ -158,15 +158,9 @@ def rank_seconds(relax_mod: tvm.IRModule, target: tvm.target.Target, database: D
     """What `select_schedules` spends per rank, measured: the model compiled with the database's best
     schedules and its kernels timed inside it. A tuning budget keeps this much per candidate rank."""
     started = time.monotonic()
-    _time_in_model(relax_mod, target, database, winograd, [tvm.runtime.tensor(x, device) for x in inputs], device,
-                   runs)
-    return time.monotonic() - started
-
-
-def _time_in_model(relax_mod, target, database: Database, winograd: WinogradPolicy | None, arguments: list,
-                   device: tvm.runtime.Device, runs: int, max_s: float | None = None) -> dict[str, float]:
     executable = compile_model(relax_mod, target, database, winograd)
-    return _kernel_times(relax.VirtualMachine(executable, device), arguments, runs, max_s)
+    _kernel_times(relax.VirtualMachine(executable, device), [tvm.runtime.tensor(x, device) for x in inputs], runs)
+    return time.monotonic() - started
 
 
 def _key(workload: Workload) -> int:
