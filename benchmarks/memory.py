@@ -7,6 +7,10 @@ Runs `edgetune build RECIPE` (the installed command, as a user would) and sample
 resident size of the build and of every process it starts (builder and runner workers, isolated library
 loads, compilers). Prints each output line with the peak since the previous line, then the overall peak,
 what each process held at that moment, the model's weights (its ONNX initializers) and the bound.
+
+Two sums are kept. RSS counts a page once in every process that maps it: TVM's library (about 150 MB)
+in each worker, and the whole parent once more in a worker's compiler child between fork and exec. PSS
+shares each page out among the processes that map it, so the tree's sum is what the machine holds.
 """
 
 from __future__ import annotations
@@ -31,25 +35,29 @@ class TreeSampler:
         self.process = process
         self.since_last = 0
         self.peak = 0
-        self.at_peak: list[tuple[str, int]] = []
+        self.peak_pss = 0
+        self.at_peak: list[tuple[str, int, int]] = []
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
         root = psutil.Process(self.process.pid)
         while self.process.poll() is None:
             parts = _resident(root)
-            total = sum(rss for _, rss in parts)
+            total = sum(rss for _, rss, _ in parts)
             self.since_last = max(self.since_last, total)
+            self.peak_pss = max(self.peak_pss, sum(pss for _, _, pss in parts))
             if total > self.peak:
                 self.peak, self.at_peak = total, parts
             time.sleep(0.02)
 
 
-def _resident(root: psutil.Process) -> list[tuple[str, int]]:
+def _resident(root: psutil.Process) -> list[tuple[str, int, int]]:
+    """(command, RSS, PSS) of each process of the tree."""
     parts = []
     for process in [root, *root.children(recursive=True)]:
         try:
-            parts.append((" ".join(process.cmdline()[:4])[:70], process.memory_info().rss))
+            memory = process.memory_full_info()
+            parts.append((" ".join(process.cmdline()[:4])[:70], memory.rss, memory.pss))
         except psutil.Error:  # ended between the listing and the reading
             continue
     return parts
@@ -86,13 +94,16 @@ def main() -> int:
         sampler.since_last = 0
     process.wait()
     weights = weights_bytes(args.recipe)
-    print(f"exit {process.returncode}; peak of the whole tree: {sampler.peak / 1e9:.2f} GB")
-    for name, rss in sorted(sampler.at_peak, key=lambda part: -part[1]):
-        print(f"  {rss / 1e6:7.0f} MB  {name}")
+    print(f"exit {process.returncode}; peak of the whole tree: RSS summed {sampler.peak / 1e9:.2f} GB, "
+          f"PSS summed {sampler.peak_pss / 1e9:.2f} GB")
+    print("  at the RSS peak:     RSS      PSS")
+    for name, rss, pss in sorted(sampler.at_peak, key=lambda part: -part[1]):
+        print(f"  {rss / 1e6:20.0f} MB {pss / 1e6:5.0f} MB  {name}")
     if weights is not None:
         bound = BOUND_FACTOR * weights + BOUND_BASE_BYTES
-        verdict = "within" if sampler.peak <= bound else "over"
-        print(f"weights {weights / 1e6:.1f} MB; bound {BOUND_FACTOR}x + 1 GiB = {bound / 1e9:.2f} GB: {verdict}")
+        verdicts = ", ".join(f"{name} {'within' if peak <= bound else 'over'}"
+                             for name, peak in (("RSS", sampler.peak), ("PSS", sampler.peak_pss)))
+        print(f"weights {weights / 1e6:.1f} MB; bound {BOUND_FACTOR}x + 1 GiB = {bound / 1e9:.2f} GB: {verdicts}")
     return process.returncode
 
 

@@ -16,7 +16,12 @@ from edgetune.profiles import load_profile
 from edgetune.tuning.analyzer import SpaceModel
 from edgetune.tuning.cost_model.ranking import RankingCostModel
 from edgetune.tuning.database.store import RecordStore
-from edgetune.tuning.search_strategy.draft_verify import DraftVerifySearch, SearchCounts
+from edgetune.tuning.search_strategy.draft_verify import (
+    LEARNED_FROM,
+    UNLEARNED_VERIFY_PER_TRIAL,
+    DraftVerifySearch,
+    SearchCounts,
+)
 from edgetune.tuning.tune import TuningPlan
 
 
@@ -105,6 +110,28 @@ def test_rounds_draft_new_unique_candidates():
         seen |= hashes
         strategy.notify_runner_results(batch, [RunnerResult([1e-3], None) for _ in batch])
     assert sizes == [8, 16, 16]
+
+
+def test_until_the_learned_model_counts_a_round_materializes_only_a_few_drafts_per_candidate():
+    """Below LEARNED_FROM measurements the score is the analyzer's alone: no need to build 96 schedules."""
+    mod = matmul(128)
+    strategy = DraftVerifySearch(load_profile("host").hardware, "cpu", population=256, verify=96)
+    ctx = host_context(mod, strategy)
+    model = RankingCostModel(num_threads=2)
+    strategy.pre_tuning(64, 16, ctx.space_generator.generate_design_space(mod), ms.database.MemoryDatabase(), model)
+    rng = np.random.default_rng(0)
+    verified = []
+    while len(strategy.measured) <= LEARNED_FROM:
+        before = strategy.counts.verified
+        batch = strategy.generate_measure_candidates()
+        verified.append(strategy.counts.verified - before)
+        assert verified[-1] <= UNLEARNED_VERIFY_PER_TRIAL * len(batch)
+        results = [RunnerResult([float(t)], None) for t in rng.uniform(1e-4, 1e-3, len(batch))]
+        model.update(ctx, batch, results)  # as MetaSchedule's UpdateCostModel callback does
+        strategy.notify_runner_results(batch, results)
+    before = strategy.counts.verified
+    strategy.generate_measure_candidates()
+    assert strategy.counts.verified - before > max(verified)  # now the learned model ranks 96
 
 
 def test_tune_wires_draft_verify_with_a_model_kept_beside_the_records(tmp_path):

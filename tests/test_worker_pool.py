@@ -14,6 +14,7 @@ from tvm.s_tir.meta_schedule.runner import RunnerInput
 
 from edgetune.tuning.builder import CandidateBuilder
 from edgetune.tuning.local_runner import LocalCandidateRunner
+from edgetune.tuning.tune import local_builder_runner
 from edgetune.tuning.worker_pool import WorkerPool
 
 _TORCH_LOADED = "__import__('sys').modules.get('torch') is not None"
@@ -49,13 +50,29 @@ def test_builder_workers_last_across_batches_and_never_import_torch() -> None:
         builder.close()
 
 
+def test_on_this_machine_the_builder_and_the_runner_share_their_workers() -> None:
+    """Every worker holds TVM's 190 MB: the runner times on a builder worker instead of a process of its own."""
+    mod = _vector_add()
+    builder, runner = local_builder_runner(os.cpu_count() or 1, "cpu")
+    try:
+        (built,) = builder.build([BuilderInput(mod, tvm.target.Target({"kind": "llvm"}))])
+        assert built.error_msg is None, built.error_msg
+        builders = {builder.pool.submit(os.getpid).result() for _ in range(8)}
+        (measured,) = runner.run([RunnerInput(built.artifact_path, "cpu", ArgInfo.from_prim_func(mod["main"]))])
+        assert measured.result().error_msg is None and len(measured.result().run_secs) > 0
+        assert runner.pool is builder.pool and runner.pool.submit(os.getpid).result() in builders
+    finally:
+        builder.close()
+        runner.close()  # a second close of the shared pool is harmless
+
+
 def test_a_job_past_its_timeout_is_killed_and_the_next_job_gets_a_fresh_worker() -> None:
-    pool = WorkerPool(1, timeout=1.0)
+    pool = WorkerPool(1, timeout=None)
     try:
         stuck = pool.submit(os.getpid).result()
         started = time.monotonic()
         with pytest.raises(TimeoutError):
-            pool.submit(time.sleep, 30).result()
+            pool.submit_with_timeout(1.0, time.sleep, 30).result()
         assert time.monotonic() - started < 10
         assert pool.submit(os.getpid).result() != stuck
     finally:

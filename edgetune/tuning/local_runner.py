@@ -2,6 +2,7 @@
 
 The same timing function as TVM's LocalRunner, one candidate at a time on one long-lived worker
 (tuning/worker_pool.py), so the candidates never run side by side and the worker costs 190 MB, not 400.
+Given the builder's pool, it times on one of the builder's workers: no process of its own.
 """
 
 from __future__ import annotations
@@ -17,21 +18,25 @@ from edgetune.tuning.worker_pool import WorkerPool
 
 @derived_object
 class LocalCandidateRunner(PyRunner):
-    """Times each candidate in turn; one that runs past `timeout_sec` is killed and recorded as an error."""
+    """Times each candidate in turn; one that runs past `timeout_sec` is killed and recorded as an error.
 
-    def __init__(self, timing: EvaluatorConfig | None = None, timeout_sec: float = 30.0) -> None:
+    `pool`: workers shared with the builder (default: one worker of its own).
+    """
+
+    def __init__(self, timing: EvaluatorConfig | None = None, timeout_sec: float = 30.0,
+                 pool: WorkerPool | None = None) -> None:
         super().__init__()
         self.timing = EvaluatorConfig._normalized(timing)
         self.timeout_sec = timeout_sec
-        self.pool = WorkerPool(1, timeout_sec, stderr=subprocess.DEVNULL)
+        self.pool = pool or WorkerPool(1, timeout_sec, stderr=subprocess.DEVNULL)
 
     def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
         return [self._measure(runner_input) for runner_input in runner_inputs]
 
     def _measure(self, runner_input: RunnerInput) -> RunnerFuture:
         arguments = tuple(info.as_json() for info in runner_input.args_info)
-        job = self.pool.submit(_worker_func, None, None, None, self.timing, 1, str(runner_input.artifact_path),
-                               str(runner_input.device_type), arguments)
+        job = self.pool.submit_with_timeout(self.timeout_sec, _worker_func, None, None, None, self.timing, 1,
+                                            str(runner_input.artifact_path), str(runner_input.device_type), arguments)
         try:
             return LocalRunnerFuture(res=job.result(), error_message=None)
         except TimeoutError:

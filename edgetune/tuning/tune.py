@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +45,7 @@ from edgetune.tuning.search_strategy.seeded import SeededSearch
 from edgetune.tuning.task_scheduler import MAX_TRIALS_PER_ROUND, TaskOutcome, TaskScheduler
 from edgetune.tuning.tasks import TuningTask
 from edgetune.tuning.transfer.siblings import SiblingRecords, TransferStats
+from edgetune.tuning.worker_pool import WorkerPool
 
 logger = logging.getLogger(__name__)
 
@@ -220,10 +222,11 @@ def _measurers(plan: TuningPlan, stop: threading.Event):
 
 
 def local_builder_runner(cores: int, device: str) -> tuple[ms.builder.Builder, ms.runner.Runner]:
-    """Candidates built and run on this machine, on the target's cores."""
+    """Candidates built and run on this machine, on the target's cores, by one pool of workers."""
     if device == "cpu":
         use_cpu_threads(cores)  # inherited by the runner's workers
-    return CandidateBuilder(max_workers=cores), LocalCandidateRunner(timing(device))
+    workers = WorkerPool(cores, timeout=None, stderr=subprocess.DEVNULL)
+    return CandidateBuilder(cores, pool=workers), LocalCandidateRunner(timing(device), pool=workers)
 
 
 def remote_builder_runner(remote: RemoteDevice, cores: int, device: str,

@@ -4,7 +4,8 @@ MetaSchedule's LocalBuilder starts fresh workers for every batch, and each impor
 PyTorch whenever it is installed: about 3 s and 400 MB per worker, on every batch. These workers are
 TVM's own (same protocol, same timeouts), started as `python -m edgetune.isolated`, which keeps PyTorch
 out (1 s, 190 MB), and reused for `_USES_PER_WORKER` jobs before being replaced (TVM restarts its
-builders because long-lived ones grow).
+builders because long-lived ones grow). On this machine the builder and the runner share one pool: they
+never work at the same time, and each worker holds at least TVM's 190 MB.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+from concurrent.futures import Future
 from tvm.support.popen_pool import PopenPoolExecutor, PopenWorker
 
 _USES_PER_WORKER = 64
@@ -52,7 +54,16 @@ class WorkerPool(PopenPoolExecutor):
         super().__init__(max_workers=max_workers, timeout=timeout, initializer=ignore_interrupts,
                          maximum_process_uses=_USES_PER_WORKER, stderr=stderr)
 
+    def submit_with_timeout(self, timeout: float | None, fn, *args) -> Future:
+        """`fn(*args)` on a worker, killed after `timeout` seconds (None: the pool's timeout)."""
+        return self._threadpool.submit(self._run_on_worker, fn, args, {}, self._timeout if timeout is None
+                                       else timeout)
+
     def _worker_run(self, fn, args, kwargs):
+        """PopenPoolExecutor's own entry point (submit, map), with the pool's timeout."""
+        return self._run_on_worker(fn, args, kwargs, self._timeout)
+
+    def _run_on_worker(self, fn, args, kwargs, timeout: float | None):
         """PopenPoolExecutor's own, with the worker class replaced: one worker per pool thread."""
         with self._lock:
             thread = threading.get_ident()
@@ -61,5 +72,10 @@ class WorkerPool(PopenPoolExecutor):
                                                            self._maximum_process_uses, self._stdout,
                                                            self._stderr)
             worker = self._worker_map[thread]
-        worker.send(fn, args, kwargs, self._timeout)
+        worker.send(fn, args, kwargs, timeout)
         return worker.recv()
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Ends the workers; a pool shared by a builder and a runner is shut down by whichever closes first."""
+        if not self._shutdown:
+            super().shutdown(wait=wait)

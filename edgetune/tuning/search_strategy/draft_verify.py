@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -64,6 +65,11 @@ design space has had less than its share of measurements (half each)."""
 VERIFY_CPU, VERIFY_GPU = 160, 64
 """Drafts materialized and verified per round by default. TVM's GPU postprocessors (which lower
 the candidate to verify it) cost ~20x the CPU ones per candidate, hence fewer on GPUs."""
+UNLEARNED_VERIFY_PER_TRIAL = 4
+"""While the learned model does not count yet (fewer than LEARNED_FROM measurements of the task, no trusted
+prior), a round materializes this many drafts per candidate of its batch instead of `verify`: the score is
+the analyzer's alone, and 160 materializations plus the learned model's features took about 2 s of each
+such round on a ResNet-18 convolution here."""
 FALLBACK_SAMPLES = 48
 """Candidates a fallback space materializes per round (TVM sampling + mutation)."""
 STOCK_POPULATION = 64
@@ -142,6 +148,7 @@ class DraftVerifySearch(PySearchStrategy):
     def _initialize_with_tune_context(self, context) -> None:
         self.context = context
         self.mod = context.mod
+        self.threads = max(1, int(context.num_threads))  # the builder's workers wait while a batch is drafted
         seed = int(context.rand_state) if context.rand_state is not None else 0
         self.rng = np.random.default_rng(seed & 0x7FFFFFFF)
         self.postprocs = list(context.space_generator.postprocs)
@@ -220,7 +227,7 @@ class DraftVerifySearch(PySearchStrategy):
         if self.stock is not None:
             return self.stock.generate_measure_candidates()
         try:
-            picked = self._select(self._verify(self._draft()), batch)
+            picked = self._select(self._verify(self._draft(), batch), batch)
         except Exception as exc:  # the stock search takes over the task's remaining trials
             return self._fall_back(f"analyzer failed ({type(exc).__name__}: {exc})")
         if not picked and self.estimated and not self.finite:
@@ -342,8 +349,9 @@ class DraftVerifySearch(PySearchStrategy):
             if mutated is not None:
                 traces.append(mutated)
         drafts = []
-        for trace in traces:
-            schedule = self._replay(trace)
+        seeds = [int(self.rng.integers(1, 1 << 30)) for _ in traces]
+        for schedule in self._in_parallel(lambda job: replay(self.mod, job[0], self.postprocs, job[1]),
+                                          list(zip(traces, seeds))):
             if schedule is None:
                 continue
             key = _key(index, None, schedule)
@@ -359,41 +367,64 @@ class DraftVerifySearch(PySearchStrategy):
 
     # -- verify and select --------------------------------------------------------------------
 
-    def _verify(self, drafts: list[_Draft]) -> list[tuple[_Draft, float]]:
-        """Materialize the best drafts and score them: learned model if trained, else analyzer."""
-        ready: list[_Draft] = []
-        programs: set[int] = set()
-        for draft in drafts:
-            if len(ready) >= self.verify_count:
-                break
-            if draft.schedule is None:
-                model = self.spaces[draft.space].model
-                assert model is not None and draft.row is not None
-                draft.schedule = model.materialize(self.mod, draft.row, self.postprocs,
-                                                   int(self.rng.integers(1, 1 << 30)))
-            if draft.schedule is None:
-                continue
-            program = tvm_ffi.structural_hash(draft.schedule.mod)
-            if program not in programs and program not in self.measured_programs:
-                programs.add(program)
-                ready.append(draft)
+    def _verify(self, drafts: list[_Draft], batch: int) -> list[tuple[_Draft, float]]:
+        """Materialize the best drafts and score them: analyzer's rank, plus the learned model's once it counts."""
+        weight = self._learned_weight()
+        wanted = self.verify_count if weight > 0 else min(self.verify_count, UNLEARNED_VERIFY_PER_TRIAL * batch)
+        ready = self._materialized(drafts, wanted)
         self.counts.verified += len(ready)
         if not ready:
             return []
         drafted = rank(-np.floor(log_latency([d.latency for d in ready]) / np.log1p(ANALYZER_RESOLUTION)))
         learned = np.zeros(len(ready))
-        if self.cost_model is not None:
+        if weight > 0 and self.cost_model is not None:
             candidates = [MeasureCandidate(d.schedule, ArgInfo.from_entry_func(d.schedule.mod, remove_preproc=True))
                           for d in ready]
             learned = np.asarray(self.cost_model.predict(self.context, candidates), dtype=float)
             learned = np.nan_to_num(learned, nan=0.0, posinf=0.0, neginf=0.0)  # an unusable score ranks nothing
-        weight = float(np.clip((len(self.measured) - LEARNED_FROM) / (LEARNED_FULL - LEARNED_FROM), 0.0, 1.0))
-        if self.prior is not None and self.prior.trusted(str(tvm_ffi.structural_hash(self.mod))):
-            weight = 1.0  # trained on the siblings' measurements of this task
         if np.ptp(learned) == 0:  # an untrained model scores everything alike
             weight = 0.0
         scores = drafted + weight * rank(learned)
         return list(zip(ready, scores))
+
+    def _learned_weight(self) -> float:
+        """How much the learned model's rank counts against the analyzer's (see LEARNED_FROM)."""
+        if self.prior is not None and self.prior.trusted(str(tvm_ffi.structural_hash(self.mod))):
+            return 1.0  # trained on the siblings' measurements of this task
+        return float(np.clip((len(self.measured) - LEARNED_FROM) / (LEARNED_FULL - LEARNED_FROM), 0.0, 1.0))
+
+    def _materialized(self, drafts: list[_Draft], wanted: int) -> list[_Draft]:
+        """Up to `wanted` drafts, best first, built into distinct schedules never measured (in parallel)."""
+        ready: list[_Draft] = []
+        programs: set[int] = set()
+        position = 0
+        while len(ready) < wanted and position < len(drafts):
+            chunk = drafts[position: position + max(wanted - len(ready), self.threads)]
+            position += len(chunk)
+            jobs = [(d, int(self.rng.integers(1, 1 << 30))) for d in chunk if d.schedule is None]
+            for (draft, _), schedule in zip(jobs, self._in_parallel(self._materialize, jobs)):
+                draft.schedule = schedule
+            for draft in chunk:
+                if draft.schedule is None or len(ready) >= wanted:
+                    continue
+                program = tvm_ffi.structural_hash(draft.schedule.mod)
+                if program not in programs and program not in self.measured_programs:
+                    programs.add(program)
+                    ready.append(draft)
+        return ready
+
+    def _materialize(self, job: tuple[_Draft, int]) -> Schedule | None:
+        draft, seed = job
+        model = self.spaces[draft.space].model
+        assert model is not None and draft.row is not None
+        return model.materialize(self.mod, draft.row, self.postprocs, seed)
+
+    def _in_parallel(self, function, jobs: list) -> list:
+        """`function` over `jobs` on the tuning's cores: TVM replays a trace with Python's lock released."""
+        if self.threads == 1 or len(jobs) < 2:
+            return [function(job) for job in jobs]
+        with ThreadPoolExecutor(self.threads) as pool:
+            return list(pool.map(function, jobs))
 
     def _select(self, scored: list[tuple[_Draft, float]], batch: int) -> list[_Draft]:
         """Greedy by score plus novelty of decision values; an epsilon share picked at random."""

@@ -1,0 +1,198 @@
+"""Time to quality on a whole model: evolutionary, draft-verify, and draft-verify with a sibling's records.
+
+    python benchmarks/time_to_quality.py --model resnet18 --budget-min 5 --seeds 1 2 3
+    python benchmarks/time_to_quality.py --model mobilenet_v2 --budget-min 10 --seeds 1 2 --json out.json
+
+Three systems build the zoo model for this machine (host profile, 2 cores) under the same time budget,
+each from its own fresh record store, one seed after another, their order rotating with the seed:
+- evolutionary: MetaSchedule's evolutionary search (`search: evolutionary`);
+- draft-verify: the analyzer drafts, the learned model verifies (`search: draft-verify`);
+- draft-verify+sibling: the same, with a sibling's records to transfer from (`transfer: momentum`). The
+  sibling is this CPU as a 1-core device (`overrides: {hardware: {cores: 1}}`: another core count, so
+  its own store and target string), tuned once before the seeds with draft-verify for the same budget.
+  Each seed gets a fresh copy of that store.
+Each build is edgetune's whole pipeline (`edgetune.pipeline.build`). From its summary come the
+time to beat ONNX Runtime (`time_to_beat_reference_s`, seconds of tuning) and the tuning curve (the
+model's latency along the tuning, estimated from the kernels' best times and anchored on the final
+timing), read at 5, 10, 15 and 60 minutes where the budget reaches them. Then, on the idle machine, all
+artifacts and ONNX Runtime are timed interleaved in this one process: the final latencies compared.
+
+Printed: per build, time to beat, the curve's latency at each checkpoint, final latency vs ONNX Runtime,
+trials; per system, the median and range over seeds; and the ratios of the median times to beat,
+evolutionary / draft-verify and draft-verify / draft-verify+sibling. A build that never beat ONNX
+Runtime counts as its whole tuning time, so its ratio is a lower bound (marked '>=').
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e import REPO, time_side_by_side  # noqa: E402  (sets the thread counts first)
+
+SYSTEMS = ("evolutionary", "draft-verify", "draft-verify+sibling")
+CHECKPOINTS_MIN = (5, 10, 15, 60)
+RECIPE_NAME = "time-to-quality"
+
+
+def recipe(model: str, budget_min: float, search: str, seed: int, transfer: bool, output: Path) -> dict[str, Any]:
+    """The host and its 1-core sibling; the host transfers from the sibling only when `transfer`."""
+    return {
+        "name": RECIPE_NAME,
+        "model": {"zoo": model},
+        "fleet": [
+            {"name": "sibling", "profile": "host", "overrides": {"hardware": {"cores": 1}}, "connection": "local"},
+            {"name": "host", "profile": "host", "overrides": {"hardware": {"cores": 2}}, "connection": "local",
+             "transfer_from": ["sibling"] if transfer else []},
+        ],
+        "tuning": {"trials_per_task": 100_000, "time_budget_min": budget_min, "search": search, "seed": seed,
+                   "transfer": "momentum" if transfer else "off"},
+        "output": str(output),
+    }
+
+
+def build(spec: dict[str, Any], target: str, records_dir: Path) -> dict[str, Any]:
+    """One target of the recipe, built by edgetune's pipeline; its summary, with the build's wall time."""
+    from edgetune.pipeline import build as pipeline_build
+    from edgetune.recipe import load_recipe_text
+
+    def on_event(event) -> None:
+        if event.task is None and not event.message.startswith("["):
+            print(f"    {event.message}", flush=True)
+
+    loaded = load_recipe_text(json.dumps(spec), "time-to-quality recipe", REPO)  # JSON is YAML: names as data
+    started = time.monotonic()
+    result = pipeline_build(loaded, only=[target], on_event=on_event, records_dir=records_dir)
+    summary = result.to_json()["targets"][target]
+    if summary.get("error"):
+        raise SystemExit(f"edgetune build failed: {summary['error']}")
+    summary["build_wall_s"] = time.monotonic() - started
+    return summary
+
+
+def latency_at(curve: list[list[float]], seconds: float) -> float | None:
+    """The curve's model latency (ms) at `seconds` of tuning: its last point no later (None: none yet)."""
+    points = [ms for at, ms in curve if at <= seconds]
+    return points[-1] if points else None
+
+
+def time_artifacts(model_name: str, libraries: dict[str, Path], repeats: int) -> dict[str, float]:
+    """Median ms of each library and of ONNX Runtime, interleaved on the (now idle) machine."""
+    import tvm
+
+    from edgetune.frontend.onnx import load_model
+    from edgetune.reference import ReferenceRuntime
+    from edgetune.runtime import load_library
+
+    model = load_model(zoo=model_name, onnx_path=None, input_shapes=None)
+    x = model.sample_inputs()[model.inputs[0].name]
+    device = tvm.cpu(0)
+    tvm_x = tvm.runtime.tensor(x, device)
+    machines = {name: load_library(path, device) for name, path in libraries.items()}
+    session = ReferenceRuntime(model)._session(2)
+    runners = {name: (lambda vm=vm: vm["main"](tvm_x)) for name, vm in machines.items()}
+    runners["onnxruntime"] = lambda: session.run(None, {model.inputs[0].name: x})
+    return {name: t["median_ms"] for name, t in time_side_by_side(runners, repeats, 1.0).items()}
+
+
+def run_seeds(args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
+    """The sibling once, then every system for every seed (order rotating); one row per build."""
+    sibling_records = scratch / "sibling-records"
+    print(f"sibling: {args.model} as a 1-core device, draft-verify, {args.budget_min} min", flush=True)
+    build(recipe(args.model, args.budget_min, "draft-verify", 0, False, scratch / "sibling-out"), "sibling",
+          sibling_records)
+    rows = []
+    for turn, seed in enumerate(args.seeds):
+        for system in SYSTEMS[turn % 3:] + SYSTEMS[:turn % 3]:
+            run_dir = scratch / f"{system}-{seed}"
+            records = run_dir / "records"
+            if system.endswith("+sibling"):
+                shutil.copytree(sibling_records, records)
+            search = "evolutionary" if system == "evolutionary" else "draft-verify"
+            print(f"seed {seed}: {system}", flush=True)
+            spec = recipe(args.model, args.budget_min, search, seed, system.endswith("+sibling"), run_dir / "out")
+            rows.append({"system": system, "seed": seed, **build(spec, "host", records)})
+    return rows
+
+
+def ratio_text(slow: list[float | None], fast: list[float | None], budgets: tuple[list[float], list[float]]) -> str:
+    """Median time to beat of `slow` / of `fast`. A build that never beat counts its whole tuning time, a
+    floor of its true time: on the slow side the ratio is then a lower bound, on the fast side an upper one."""
+    slow_s = float(np.median([t if t is not None else s for t, s in zip(slow, budgets[0])]))
+    fast_s = float(np.median([t if t is not None else s for t, s in zip(fast, budgets[1])]))
+    if fast_s <= 0:
+        return "n/a"
+    mark = {(False, False): "", (True, False): ">= ", (False, True): "<= ", (True, True): "unknown: "}[
+        (None in slow, None in fast)]
+    return f"{mark}{slow_s / fast_s:.2f}x"
+
+
+def print_tables(rows: list[dict[str, Any]], budget_min: float) -> dict[str, Any]:
+    checkpoints = [c for c in CHECKPOINTS_MIN if c <= budget_min]
+    ort = float(np.median([r["ort_ms"] for r in rows]))
+    header = "system                seed  beat ORT at" + "".join(f"  ms@{c:>2}min" for c in checkpoints)
+    print(f"\n{header}  final ms  vs ORT  trials  tuning s  build s")
+    for r in rows:
+        beat = f"{r['time_to_beat_reference_s']:.0f} s" if r["time_to_beat_reference_s"] is not None else "never"
+        at = "".join(f"  {v:8.2f}" if (v := latency_at(r["tuning_curve"], c * 60)) is not None else "         -"
+                     for c in checkpoints)
+        print(f"{r['system']:21s} {r['seed']:4d}  {beat:>11s}{at}  {r['final_ms']:8.2f}  {r['ort_ms'] / r['final_ms']:5.2f}x"
+              f"  {r['trials_measured']:6d}  {r['tuning_s']:8.0f}  {r['build_wall_s']:7.0f}")
+    print(f"\nONNX Runtime, interleaved with the artifacts: {ort:.2f} ms (median over the timing rounds)")
+    print("system                time to beat ORT (median, range)   final vs ORT (median, range)")
+    per_system: dict[str, Any] = {}
+    for system in SYSTEMS:
+        mine = [r for r in rows if r["system"] == system]
+        beats = [r["time_to_beat_reference_s"] for r in mine]
+        reached = [b for b in beats if b is not None]
+        speed = [r["ort_ms"] / r["final_ms"] for r in mine]
+        per_system[system] = {"time_to_beat_s": beats, "vs_ort": speed, "tuning_s": [r["tuning_s"] for r in mine]}
+        beat_text = (f"{np.median(reached):.0f} s ({min(reached):.0f}-{max(reached):.0f}), "
+                     f"{len(reached)}/{len(beats)} beat it" if reached else f"never (0/{len(beats)})")
+        print(f"{system:21s} {beat_text:35s} {np.median(speed):.2f}x ({min(speed):.2f}-{max(speed):.2f})")
+    pairs = (("evolutionary", "draft-verify"), ("draft-verify", "draft-verify+sibling"))
+    ratios = {}
+    for slow, fast in pairs:
+        text = ratio_text(per_system[slow]["time_to_beat_s"], per_system[fast]["time_to_beat_s"],
+                          (per_system[slow]["tuning_s"], per_system[fast]["tuning_s"]))
+        ratios[f"{slow} / {fast}"] = text
+        print(f"time to beat ORT, {slow} / {fast}: {text}")
+    return {"per_system": per_system, "time_to_beat_ratios": ratios, "onnxruntime_ms": ort}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=("resnet18", "mobilenet_v2"), default="resnet18")
+    parser.add_argument("--budget-min", type=float, default=5.0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds of the artifacts")
+    parser.add_argument("--json", type=Path, help="write every build's figures here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="edgetune-ttq-") as scratch:
+        rows = run_seeds(args, Path(scratch))
+        libraries = {f"{r['system']}-{r['seed']}": Path(r["artifact_dir"]) / "model.so" for r in rows}
+        print("timing every artifact and ONNX Runtime, interleaved", flush=True)
+        times = time_artifacts(args.model, libraries, args.repeats)
+    for r in rows:
+        r["final_ms"], r["ort_ms"] = times[f"{r['system']}-{r['seed']}"], times["onnxruntime"]
+    print(f"\n{args.model}, {args.budget_min} min budget, seeds {args.seeds}, this machine's 2 cores")
+    figures = print_tables(rows, args.budget_min)
+    if args.json:
+        keep = ("system", "seed", "time_to_beat_reference_s", "tuning_curve", "final_ms", "ort_ms", "latency_ms",
+                "reference_latency_ms", "trials_measured", "tuning_s", "build_wall_s", "tuning_stopped_by")
+        args.json.write_text(json.dumps({"model": args.model, "budget_min": args.budget_min, **figures,
+                                         "builds": [{k: r.get(k) for k in keep} for r in rows]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
