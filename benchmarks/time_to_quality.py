@@ -11,7 +11,7 @@ each from its own fresh record store, one seed after another, their order rotati
   sibling is this CPU as a 1-core device (`overrides: {hardware: {cores: 1}}`: another core count, so
   its own store and target string), tuned once before the seeds with draft-verify for the same budget.
   Each seed gets a fresh copy of that store.
-Each build is edgetune's whole pipeline (`edgetune.pipeline.build`). From its summary come the
+Each build is the `edgetune build` command, in a process of its own. From its summary come the
 time to beat ONNX Runtime (`time_to_beat_reference_s`, seconds of tuning) and the tuning curve (the
 model's latency along the tuning, estimated from the kernels' best times and anchored on the final
 timing), read at 5, 10, 15 and 60 minutes where the budget reaches them. Then, on the idle machine, all
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +38,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e import REPO, time_side_by_side  # noqa: E402  (sets the thread counts first)
+from e2e import time_side_by_side  # noqa: E402  (sets the thread counts first)
 
 SYSTEMS = ("evolutionary", "draft-verify", "draft-verify+sibling")
 CHECKPOINTS_MIN = (5, 10, 15, 60)
@@ -61,21 +62,24 @@ def recipe(model: str, budget_min: float, search: str, seed: int, transfer: bool
 
 
 def build(spec: dict[str, Any], target: str, records_dir: Path) -> dict[str, Any]:
-    """One target of the recipe, built by edgetune's pipeline; its summary, with the build's wall time."""
-    from edgetune.pipeline import build as pipeline_build
-    from edgetune.recipe import load_recipe_text
-
-    def on_event(event) -> None:
-        if event.task is None and not event.message.startswith("["):
-            print(f"    {event.message}", flush=True)
-
-    loaded = load_recipe_text(json.dumps(spec), "time-to-quality recipe", REPO)  # JSON is YAML: names as data
+    """One target of the recipe, built by the `edgetune` command in a process of its own (TVM's thread pool
+    keeps the width it started with: a 1-core sibling would narrow every later build); its summary."""
+    run_dir = Path(spec["output"]).parent
+    run_dir.mkdir(parents=True, exist_ok=True)
+    recipe_path, summary_path = run_dir / "recipe.yaml", run_dir / "summary.json"
+    recipe_path.write_text(json.dumps(spec))  # JSON is YAML: names go in as data
+    command = [sys.executable, "-m", "edgetune", "build", str(recipe_path), "--target", target,
+               "--records-dir", str(records_dir), "--json", str(summary_path)]
     started = time.monotonic()
-    result = pipeline_build(loaded, only=[target], on_event=on_event, records_dir=records_dir)
-    summary = result.to_json()["targets"][target]
-    if summary.get("error"):
-        raise SystemExit(f"edgetune build failed: {summary['error']}")
-    summary["build_wall_s"] = time.monotonic() - started
+    finished = subprocess.run(command, capture_output=True, text=True)
+    wall_s = time.monotonic() - started
+    if finished.returncode != 0 or not summary_path.exists():
+        raise SystemExit(f"edgetune build failed ({finished.returncode}):\n{finished.stdout[-3000:]}{finished.stderr[-3000:]}")
+    for line in finished.stdout.splitlines():
+        if "tuning ended by" in line or "one compile and run" in line:
+            print(f"    {line.strip()}", flush=True)
+    summary = json.loads(summary_path.read_text())["targets"][target]
+    summary["build_wall_s"] = wall_s
     return summary
 
 

@@ -45,3 +45,21 @@ def test_a_quick_first_pass_keeps_the_reserve_after_it() -> None:
     outcomes, asked_after, _ = _run(2, 100.0, 0.3, trials_per_task=16)  # rounds remain after the first pass
     assert asked_after == [2] and not any(o.skipped_for_budget for o in outcomes)
     assert all(o.trials_measured == 16 for o in outcomes)
+
+
+def test_a_first_pass_that_would_not_fit_gives_the_lighter_tasks_short_rounds() -> None:
+    """Every task gets a measured schedule: a task left without one ships as a naive loop nest on one core."""
+    outcomes = [TaskOutcome(f"task{i}", 1, 1e6, 0, 0, None) for i in range(10)]
+    first_rounds: list[tuple[int, int]] = []
+
+    def measure_round(position: int, trials: int, enough: int) -> None:
+        time.sleep(0.02 * trials)  # 8 trials: 0.16 s; ten of them would take 80% of the budget
+        if outcomes[position].trials_measured == 0:
+            first_rounds.append((position, trials))
+        outcomes[position].trials_measured += trials
+
+    scheduler = TaskScheduler(outcomes, 1000, 2.0, time.monotonic(), measure_round, lambda p: 10.0, lambda: None)
+    scheduler.run()
+    assert [position for position, _ in first_rounds] == list(range(10))
+    assert first_rounds[0][1] == 8 and {trials for _, trials in first_rounds[3:]} == {2}
+    assert not any(o.skipped_for_budget and o.trials_measured == 0 for o in outcomes)

@@ -1,7 +1,9 @@
 """The task scheduler: which of a target's tasks is tuned next, and for how many trials.
 
 Each task gets `trials_per_task` measurements in total across builds. Without a time budget every
-task is tuned to that in one pass. Under a budget, after a short first pass over every task, each
+task is tuned to that in one pass. Under a budget, after a short first pass over every task (shorter
+still for the lighter tasks when it would not fit in 40% of the budget: every task gets a measured
+schedule), each
 round goes to the task expected to save the model the most latency per second of tuning (Ansor's
 task scheduler, its gradient rule), so the budget is spent where the model spends its time; a task
 that stopped improving waits until no improving task is left. A round of one task is measured by
@@ -19,6 +21,12 @@ from edgetune.tuning.search_strategy.draft_verify import SearchCounts
 
 MAX_TRIALS_PER_ROUND = 64  # MetaSchedule's default num_trials_per_iter
 _FIRST_PASS_TRIALS = 8
+_SHORT_FIRST_TRIALS = 2
+_FIRST_PASS_SHARE = 0.4
+"""Under a budget, a first pass that would not end within this share of it at its pace so far gives the
+rest of the tasks rounds of _SHORT_FIRST_TRIALS: a task left without any measured schedule compiles as a
+naive loop nest on one core (a ResNet-50's 11 such kernels took 1.5 s of its 1.57 s), and the analyzer's
+first drafts are most of what a first round finds."""
 _OBSERVED_SHARE = 0.2  # Ansor's alpha: the last round's observed gain against the optimistic estimate
 _MIN_GAIN = 0.01  # a round that lowers a task's best by less is within this machine's timing noise
 
@@ -93,7 +101,10 @@ class TaskScheduler:
         budget_s, kept_s, asked = self.time_budget_s, 0.0, False
         self._record_curve_point()  # a resumed build's tasks start from their stores' bests
         first_pass = self.trials_per_task if budget_s is None else min(_FIRST_PASS_TRIALS, self.trials_per_task)
+        pass_started, rounds = time.monotonic(), 0
         for position, outcome in enumerate(self.outcomes):
+            if budget_s is not None and self._first_pass_late(pass_started, rounds, position, budget_s):
+                first_pass = min(first_pass, _SHORT_FIRST_TRIALS)
             if first_pass <= outcome.trials_before:
                 continue
             if (budget_s is not None and keep_for_later is not None and not asked
@@ -101,6 +112,7 @@ class TaskScheduler:
                 kept_s, asked = keep_for_later(), True
                 budget_s -= kept_s
             self._round(position, first_pass - outcome.trials_before, budget_s)
+            rounds += 1
         if budget_s is None:
             return kept_s
         if keep_for_later is not None and not asked and next_round(self.outcomes, self.trials_per_task) is not None:
@@ -111,6 +123,13 @@ class TaskScheduler:
             self._round(position, min(MAX_TRIALS_PER_ROUND, self.trials_per_task - outcome.trials_before
                                       - outcome.trials_measured), budget_s)
         return kept_s
+
+    def _first_pass_late(self, pass_started: float, rounds: int, position: int, budget_s: float) -> bool:
+        """Whether the first pass, at its pace so far, would end past _FIRST_PASS_SHARE of the budget."""
+        if rounds == 0:
+            return False
+        spent = time.monotonic() - pass_started
+        return spent + spent / rounds * (len(self.outcomes) - position) > _FIRST_PASS_SHARE * budget_s
 
     def _round(self, position: int, trials: int, budget_s: float | None) -> None:
         """Up to `trials` more measurements of one task, cut to what fits in the budget."""
