@@ -61,5 +61,6 @@ def test_a_first_pass_that_would_not_fit_gives_the_lighter_tasks_short_rounds() 
     scheduler = TaskScheduler(outcomes, 1000, 2.0, time.monotonic(), measure_round, lambda p: 10.0, lambda: None)
     scheduler.run()
     assert [position for position, _ in first_rounds] == list(range(10))
-    assert first_rounds[0][1] == 8 and {trials for _, trials in first_rounds[3:]} == {2}
+    assert first_rounds[0][1] == 8 and all(2 <= trials < 8 for _, trials in first_rounds[3:])
+    assert sum(trials for _, trials in first_rounds) < 50  # the first pass fit (ten rounds of 8: 80)
     assert not any(o.skipped_for_budget and o.trials_measured == 0 for o in outcomes)

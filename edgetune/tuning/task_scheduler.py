@@ -2,7 +2,7 @@
 
 Each task gets `trials_per_task` measurements in total across builds. Without a time budget every
 task is tuned to that in one pass. Under a budget, after a short first pass over every task (shorter
-still for the lighter tasks when it would not fit in 40% of the budget: every task gets a measured
+still for the lighter tasks where it would not fit in 40% of the budget: every task gets a measured
 schedule), each
 round goes to the task expected to save the model the most latency per second of tuning (Ansor's
 task scheduler, its gradient rule), so the budget is spent where the model spends its time; a task
@@ -23,10 +23,10 @@ MAX_TRIALS_PER_ROUND = 64  # MetaSchedule's default num_trials_per_iter
 _FIRST_PASS_TRIALS = 8
 _SHORT_FIRST_TRIALS = 2
 _FIRST_PASS_SHARE = 0.4
-"""Under a budget, a first pass that would not end within this share of it at its pace so far gives the
-rest of the tasks rounds of _SHORT_FIRST_TRIALS: a task left without any measured schedule compiles as a
-naive loop nest on one core (a ResNet-50's 11 such kernels took 1.5 s of its 1.57 s), and the analyzer's
-first drafts are most of what a first round finds."""
+"""Under a budget, a first pass that would not end within this share of it, at its pace per trial so far,
+gives each of the remaining tasks the trials that fit (at least _SHORT_FIRST_TRIALS): a task left without
+any measured schedule compiles as a naive loop nest on one core (a ResNet-50's 11 such kernels took 1.5 s
+of its 1.57 s), and the analyzer's first drafts are most of what a first round finds."""
 _OBSERVED_SHARE = 0.2  # Ansor's alpha: the last round's observed gain against the optimistic estimate
 _MIN_GAIN = 0.01  # a round that lowers a task's best by less is within this machine's timing noise
 
@@ -101,18 +101,20 @@ class TaskScheduler:
         budget_s, kept_s, asked = self.time_budget_s, 0.0, False
         self._record_curve_point()  # a resumed build's tasks start from their stores' bests
         first_pass = self.trials_per_task if budget_s is None else min(_FIRST_PASS_TRIALS, self.trials_per_task)
-        pass_started, rounds = time.monotonic(), 0
+        pass_started, sent = time.monotonic(), 0
         for position, outcome in enumerate(self.outcomes):
-            if budget_s is not None and self._first_pass_late(pass_started, rounds, position, budget_s):
-                first_pass = min(first_pass, _SHORT_FIRST_TRIALS)
-            if first_pass <= outcome.trials_before:
+            trials = first_pass
+            if budget_s is not None and sent:
+                trials = self._first_trials_that_fit(first_pass, time.monotonic() - pass_started, sent,
+                                                     len(self.outcomes) - position, budget_s)
+            if trials <= outcome.trials_before:
                 continue
             if (budget_s is not None and keep_for_later is not None and not asked
                     and time.monotonic() - self.started > budget_s / 2):
                 kept_s, asked = keep_for_later(), True
                 budget_s -= kept_s
-            self._round(position, first_pass - outcome.trials_before, budget_s)
-            rounds += 1
+            self._round(position, trials - outcome.trials_before, budget_s)
+            sent += trials - outcome.trials_before
         if budget_s is None:
             return kept_s
         if keep_for_later is not None and not asked and next_round(self.outcomes, self.trials_per_task) is not None:
@@ -124,12 +126,13 @@ class TaskScheduler:
                                       - outcome.trials_measured), budget_s)
         return kept_s
 
-    def _first_pass_late(self, pass_started: float, rounds: int, position: int, budget_s: float) -> bool:
-        """Whether the first pass, at its pace so far, would end past _FIRST_PASS_SHARE of the budget."""
-        if rounds == 0:
-            return False
-        spent = time.monotonic() - pass_started
-        return spent + spent / rounds * (len(self.outcomes) - position) > _FIRST_PASS_SHARE * budget_s
+    @staticmethod
+    def _first_trials_that_fit(first_pass: int, spent_s: float, sent: int, tasks_left: int, budget_s: float) -> int:
+        """A first round's trials for each task left, so the first pass ends within _FIRST_PASS_SHARE of the
+        budget at its pace per trial so far (which counts each round's fixed cost: fewer trials, dearer ones)."""
+        left_s = _FIRST_PASS_SHARE * budget_s - spent_s
+        fit = int(left_s / (spent_s / sent * tasks_left)) if left_s > 0 else 0
+        return max(_SHORT_FIRST_TRIALS, min(first_pass, fit))
 
     def _round(self, position: int, trials: int, budget_s: float | None) -> None:
         """Up to `trials` more measurements of one task, cut to what fits in the budget."""
