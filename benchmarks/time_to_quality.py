@@ -125,6 +125,10 @@ def run_seeds(args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
             print(f"seed {seed}: {system}", flush=True)
             spec = recipe(args.model, args.budget_min, search, seed, system.endswith("+sibling"), run_dir / "out")
             rows.append({"system": system, "seed": seed, **build(spec, "host", records)})
+            done = rows[-1]
+            print(f"    built: {done['latency_ms']:.2f} ms against ONNX Runtime's {done['reference_latency_ms']:.2f} ms "
+                  f"in the build's own timing; beat it after {done['time_to_beat_reference_s']} s of tuning; "
+                  f"{done['trials_measured']} trials", flush=True)
     return rows
 
 
