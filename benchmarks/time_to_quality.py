@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e import time_side_by_side  # noqa: E402  (sets the thread counts first)
+from busy_machine import time_artifacts  # noqa: E402  (through e2e: sets the thread counts first)
 
 SYSTEMS = ("evolutionary", "draft-verify", "draft-verify+sibling")
 CHECKPOINTS_MIN = (5, 10, 15, 60)
@@ -87,25 +87,6 @@ def latency_at(curve: list[list[float]], seconds: float) -> float | None:
     """The curve's model latency (ms) at `seconds` of tuning: its last point no later (None: none yet)."""
     points = [ms for at, ms in curve if at <= seconds]
     return points[-1] if points else None
-
-
-def time_artifacts(model_name: str, libraries: dict[str, Path], repeats: int) -> dict[str, float]:
-    """Median ms of each library and of ONNX Runtime, interleaved on the (now idle) machine."""
-    import tvm
-
-    from edgetune.frontend.onnx import load_model
-    from edgetune.reference import ReferenceRuntime
-    from edgetune.runtime import load_library
-
-    model = load_model(zoo=model_name, onnx_path=None, input_shapes=None)
-    x = model.sample_inputs()[model.inputs[0].name]
-    device = tvm.cpu(0)
-    tvm_x = tvm.runtime.tensor(x, device)
-    machines = {name: load_library(path, device) for name, path in libraries.items()}
-    session = ReferenceRuntime(model)._session(2)
-    runners = {name: (lambda vm=vm: vm["main"](tvm_x)) for name, vm in machines.items()}
-    runners["onnxruntime"] = lambda: session.run(None, {model.inputs[0].name: x})
-    return {name: t["median_ms"] for name, t in time_side_by_side(runners, repeats, 1.0).items()}
 
 
 def run_seeds(args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
