@@ -61,12 +61,19 @@ class TargetResult(BaseModel):
     def anchor_tuning_curve(self) -> None:
         """Turns the tuner's kernel sums into model latencies once the tuned model has been timed: each point
         gets the part of the model's time no tuned kernel holds (untuned kernels, the VM's own work), taken
-        as constant; then finds the first point below the reference's latency."""
+        as constant; then finds the first point below the reference's latency. Where the kernels, timed alone
+        and cold, sum to more than the model took, every point is scaled down by that ratio instead: the
+        curve ends at the measured latency either way."""
         if not self.tuning_curve or self.latency_ms is None:
             self.tuning_curve, self.time_to_beat_reference_s = [], None
             return
-        rest_ms = max(self.latency_ms - self.tuning_curve[-1][1], 0.0)
-        self.tuning_curve = [(seconds, kernels_ms + rest_ms) for seconds, kernels_ms in self.tuning_curve]
+        last_ms = self.tuning_curve[-1][1]
+        if last_ms > self.latency_ms:
+            self.tuning_curve = [(seconds, kernels_ms * self.latency_ms / last_ms)
+                                 for seconds, kernels_ms in self.tuning_curve]
+        else:
+            rest_ms = self.latency_ms - last_ms
+            self.tuning_curve = [(seconds, kernels_ms + rest_ms) for seconds, kernels_ms in self.tuning_curve]
         reference = self.reference_latency_ms
         self.time_to_beat_reference_s = next(
             (seconds for seconds, model_ms in self.tuning_curve if reference is not None and model_ms < reference),
