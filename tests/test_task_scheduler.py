@@ -64,3 +64,10 @@ def test_a_first_pass_that_would_not_fit_gives_the_lighter_tasks_short_rounds() 
     assert first_rounds[0][1] == 8 and all(2 <= trials < 8 for _, trials in first_rounds[3:])
     assert sum(trials for _, trials in first_rounds) < 50  # the first pass fit (ten rounds of 8: 80)
     assert not any(o.skipped_for_budget and o.trials_measured == 0 for o in outcomes)
+
+
+def test_first_round_trials_never_exceed_the_trials_asked_for_nor_divide_by_a_zero_pace() -> None:
+    fit = TaskScheduler._first_trials_that_fit
+    assert fit(1, 5.0, 1, 10, 10.0) == 1  # trials_per_task 1: a late pass cannot raise it to 2
+    assert fit(8, 0.0, 8, 10, 10.0) == 8  # rounds faster than the clock's resolution
+    assert fit(8, 5.0, 8, 10, 10.0) == 2  # past 40% of the budget already: the least

@@ -130,9 +130,11 @@ class TaskScheduler:
     def _first_trials_that_fit(first_pass: int, spent_s: float, sent: int, tasks_left: int, budget_s: float) -> int:
         """A first round's trials for each task left, so the first pass ends within _FIRST_PASS_SHARE of the
         budget at its pace per trial so far (which counts each round's fixed cost: fewer trials, dearer ones)."""
+        if spent_s <= 0:  # rounds too quick for the clock: they all fit
+            return first_pass
         left_s = _FIRST_PASS_SHARE * budget_s - spent_s
         fit = int(left_s / (spent_s / sent * tasks_left)) if left_s > 0 else 0
-        return max(_SHORT_FIRST_TRIALS, min(first_pass, fit))
+        return max(min(_SHORT_FIRST_TRIALS, first_pass), min(first_pass, fit))
 
     def _round(self, position: int, trials: int, budget_s: float | None) -> None:
         """Up to `trials` more measurements of one task, cut to what fits in the budget."""
