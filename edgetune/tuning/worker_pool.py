@@ -55,9 +55,8 @@ class WorkerPool(PopenPoolExecutor):
                          maximum_process_uses=_USES_PER_WORKER, stderr=stderr)
 
     def submit_with_timeout(self, timeout: float | None, fn, *args) -> Future:
-        """`fn(*args)` on a worker, killed after `timeout` seconds (None: the pool's timeout)."""
-        return self._threadpool.submit(self._run_on_worker, fn, args, {}, self._timeout if timeout is None
-                                       else timeout)
+        """`fn(*args)` on a worker, killed after `timeout` seconds (None: never)."""
+        return self._threadpool.submit(self._run_on_worker, fn, args, {}, timeout)
 
     def _worker_run(self, fn, args, kwargs):
         """PopenPoolExecutor's own entry point (submit, map), with the pool's timeout."""

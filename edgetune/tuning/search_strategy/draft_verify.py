@@ -350,8 +350,7 @@ class DraftVerifySearch(PySearchStrategy):
                 traces.append(mutated)
         drafts = []
         seeds = [int(self.rng.integers(1, 1 << 30)) for _ in traces]
-        for schedule in self._in_parallel(lambda job: replay(self.mod, job[0], self.postprocs, job[1]),
-                                          list(zip(traces, seeds))):
+        for schedule in self._in_parallel(lambda job: self._replay(*job), list(zip(traces, seeds))):
             if schedule is None:
                 continue
             key = _key(index, None, schedule)
@@ -503,8 +502,10 @@ class DraftVerifySearch(PySearchStrategy):
                         break
         return [np.array(r, dtype=np.int64) if r else np.zeros((0, 0), dtype=np.int64) for r in rows]
 
-    def _replay(self, trace: Trace) -> Schedule | None:
-        return replay(self.mod, trace, self.postprocs, int(self.rng.integers(1, 1 << 30)))
+    def _replay(self, trace: Trace, seed: int | None = None) -> Schedule | None:
+        """`trace` on this task's module, postprocessed; `seed` drawn here unless given (a parallel replay's
+        seeds are drawn in order beforehand, so the search stays deterministic)."""
+        return replay(self.mod, trace, self.postprocs, seed if seed is not None else int(self.rng.integers(1, 1 << 30)))
 
 
 def _key(space: int, row: np.ndarray | None, schedule: Schedule | None = None) -> bytes:
