@@ -261,6 +261,10 @@ def _print_summary(result) -> None:
         if t.time_to_beat_reference_s is not None:
             out.print(f"{name}: faster than the reference after {t.time_to_beat_reference_s:.0f} s of tuning "
                       "(estimated from its kernels' times)", markup=False, soft_wrap=True)
+        if t.timings_disturbed:
+            out.print(f"{name}: {t.timings_disturbed} of {t.trials_measured} candidates' timings were disturbed by "
+                      f"other work on this machine and re-measured ({t.timings_still_disturbed} stayed disturbed)",
+                      markup=False, soft_wrap=True)
         if t.transfer and t.transfer["used"]:
             transfer = t.transfer
             out.print(f"{name}: transfer from {', '.join(transfer['sources'])}: {transfer['seeds_measured']} sibling "

@@ -70,6 +70,8 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
         records=_display_store(ctx.store.directory, ctx.build_dir),
         transfer=_transfer_summary(tuning, ctx.sibling_stores, recipe.tuning.transfer),
         tuning_failed=[f"{t.name}: {t.tuning_failed}" for t in tuning.failed],
+        timings_disturbed=sum(t.timings_disturbed for t in tuning.tasks),
+        timings_still_disturbed=sum(t.timings_still_disturbed for t in tuning.tasks),
     )
 
 
@@ -112,6 +114,7 @@ def _task_summary(task, search: str) -> dict[str, Any]:
         "candidates": asdict(task.search) if search == "draft-verify" else None,
         "search_fallback": task.search.fallback,
         "tuning_failed": task.tuning_failed,
+        "timings_disturbed": task.timings_disturbed,
     }
 
 

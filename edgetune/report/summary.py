@@ -30,6 +30,11 @@ class TargetResult(BaseModel):
     trials_measured: int = 0
     trials_total: int = 0
     tuning_s: float = 0.0  # tuning wall time in this build
+    timings_disturbed: int = 0
+    """Candidates whose timing other work on the machine disturbed (mean well above median), so re-measured:
+    many of them say the machine was busy while tuning (measurements.quietest_timing)..."""
+    timings_still_disturbed: int = 0
+    """...and of those, the ones that no re-measurement gave undisturbed."""
     tuning_stopped_by: list[str] = []
     """What ended the tuning of its tasks: "time_budget" (tasks cut or skipped), "trials_per_task" (a task
     reached its trials), "search_space" (a search ran out of schedules it had not measured), "failed";

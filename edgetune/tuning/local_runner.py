@@ -2,7 +2,8 @@
 
 The same timing function as TVM's LocalRunner, one candidate at a time on one long-lived worker
 (tuning/worker_pool.py), so the candidates never run side by side and the worker costs 190 MB, not 400.
-Given the builder's pool, it times on one of the builder's workers: no process of its own.
+Given the builder's pool, it times on one of the builder's workers: no process of its own. A timing
+that something else on the machine disturbed is taken again (measurements.quietest_timing).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, PyRunner, RunnerFuture, RunnerInput
 from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture, _worker_func
 
+from edgetune.tuning.measurements import NoiseCounts, quietest_timing
 from edgetune.tuning.worker_pool import WorkerPool
 
 
@@ -20,7 +22,8 @@ from edgetune.tuning.worker_pool import WorkerPool
 class LocalCandidateRunner(PyRunner):
     """Times each candidate in turn; one that runs past `timeout_sec` is killed and recorded as an error.
 
-    `pool`: workers shared with the builder (default: one worker of its own).
+    `pool`: workers shared with the builder (default: one worker of its own). `noise`: how many timings
+    were disturbed and re-measured.
     """
 
     def __init__(self, timing: EvaluatorConfig | None = None, timeout_sec: float = 30.0,
@@ -29,16 +32,20 @@ class LocalCandidateRunner(PyRunner):
         self.timing = EvaluatorConfig._normalized(timing)
         self.timeout_sec = timeout_sec
         self.pool = pool or WorkerPool(1, timeout_sec, stderr=subprocess.DEVNULL)
+        self.noise = NoiseCounts()
 
     def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
         return [self._measure(runner_input) for runner_input in runner_inputs]
 
     def _measure(self, runner_input: RunnerInput) -> RunnerFuture:
         arguments = tuple(info.as_json() for info in runner_input.args_info)
-        job = self.pool.submit_with_timeout(self.timeout_sec, _worker_func, None, None, None, self.timing, 1,
-                                            str(runner_input.artifact_path), str(runner_input.device_type), arguments)
+
+        def timed() -> list[float]:
+            return self.pool.submit_with_timeout(self.timeout_sec, _worker_func, None, None, None, self.timing, 1,
+                                                 str(runner_input.artifact_path), str(runner_input.device_type),
+                                                 arguments).result()
         try:
-            return LocalRunnerFuture(res=job.result(), error_message=None)
+            return LocalRunnerFuture(res=quietest_timing(timed(), timed, self.noise), error_message=None)
         except TimeoutError:
             return LocalRunnerFuture(res=None, error_message=f"LocalRunner: Timeout, killed after "
                                                              f"{self.timeout_sec} seconds\n")

@@ -366,17 +366,32 @@ def _tune_one(task, index, total, trials, enough, target, store, plan, builder, 
         num_threads=plan.cores,
     )
     callbacks = list(MeasureCallback.create("default")) + [_ReportProgress(on_batch, stop)]
-    ms.tune_tasks(
-        tasks=[context],
-        task_weights=[float(task.weight)],
-        work_dir=str(logs_dir),
-        max_trials_global=enough,  # counts candidates sent: the loop ends once it is reached
-        max_trials_per_task=trials,
-        num_trials_per_iter=per_round,
-        builder=builder,
-        runner=runner,
-        database=store.database,
-        cost_model=cost_model,
-        measure_callbacks=callbacks,
-        task_scheduler="round-robin",
-    )
+    with _noise_of(runner, outcome):
+        ms.tune_tasks(
+            tasks=[context],
+            task_weights=[float(task.weight)],
+            work_dir=str(logs_dir),
+            max_trials_global=enough,  # counts candidates sent: the loop ends once it is reached
+            max_trials_per_task=trials,
+            num_trials_per_iter=per_round,
+            builder=builder,
+            runner=runner,
+            database=store.database,
+            cost_model=cost_model,
+            measure_callbacks=callbacks,
+            task_scheduler="round-robin",
+        )
+
+
+@contextmanager
+def _noise_of(runner: ms.runner.Runner, outcome: TaskOutcome) -> Iterator[None]:
+    """Adds to the task's outcome the disturbed timings its round met (a runner that re-measures them keeps
+    `noise`: measurements.NoiseCounts; TVM's own runners do not)."""
+    noise = getattr(runner, "noise", None)
+    before = (noise.disturbed, noise.still_disturbed) if noise is not None else (0, 0)
+    try:
+        yield
+    finally:
+        if noise is not None:
+            outcome.timings_disturbed += noise.disturbed - before[0]
+            outcome.timings_still_disturbed += noise.still_disturbed - before[1]
