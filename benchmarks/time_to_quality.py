@@ -26,6 +26,7 @@ Runtime counts as its whole tuning time, so its ratio is a lower bound (marked '
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -92,12 +93,15 @@ def latency_at(curve: list[list[float]], seconds: float) -> float | None:
 def run_seeds(args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
     """The sibling once, then every system for every seed (order rotating); one row per build."""
     sibling_records = scratch / "sibling-records"
-    print(f"sibling: {args.model} as a 1-core device, draft-verify, {args.budget_min} min", flush=True)
-    build(recipe(args.model, args.budget_min, "draft-verify", 0, False, scratch / "sibling-out"), "sibling",
-          sibling_records)
+    if "draft-verify+sibling" in args.systems:
+        print(f"sibling: {args.model} as a 1-core device, draft-verify, {args.budget_min} min", flush=True)
+        build(recipe(args.model, args.budget_min, "draft-verify", 0, False, scratch / "sibling-out"), "sibling",
+              sibling_records)
     rows = []
+    systems = [s for s in SYSTEMS if s in args.systems]
     for turn, seed in enumerate(args.seeds):
-        for system in SYSTEMS[turn % 3:] + SYSTEMS[:turn % 3]:
+        shift = turn % len(systems)
+        for system in systems[shift:] + systems[:shift]:
             run_dir = scratch / f"{system}-{seed}"
             records = run_dir / "records"
             if system.endswith("+sibling"):
@@ -139,7 +143,7 @@ def print_tables(rows: list[dict[str, Any]], budget_min: float) -> dict[str, Any
     print(f"\nONNX Runtime, interleaved with the artifacts: {ort:.2f} ms (median over the timing rounds)")
     print("system                time to beat ORT (median, range)   final vs ORT (median, range)")
     per_system: dict[str, Any] = {}
-    for system in SYSTEMS:
+    for system in (s for s in SYSTEMS if any(r["system"] == s for r in rows)):
         mine = [r for r in rows if r["system"] == system]
         beats = [r["time_to_beat_reference_s"] for r in mine]
         reached = [b for b in beats if b is not None]
@@ -150,7 +154,7 @@ def print_tables(rows: list[dict[str, Any]], budget_min: float) -> dict[str, Any
         print(f"{system:21s} {beat_text:35s} {np.median(speed):.2f}x ({min(speed):.2f}-{max(speed):.2f})")
     pairs = (("evolutionary", "draft-verify"), ("draft-verify", "draft-verify+sibling"))
     ratios = {}
-    for slow, fast in pairs:
+    for slow, fast in (p for p in pairs if p[0] in per_system and p[1] in per_system):
         text = ratio_text(per_system[slow]["time_to_beat_s"], per_system[fast]["time_to_beat_s"],
                           (per_system[slow]["tuning_s"], per_system[fast]["tuning_s"]))
         ratios[f"{slow} / {fast}"] = text
@@ -164,8 +168,12 @@ def main() -> int:
     parser.add_argument("--budget-min", type=float, default=5.0)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds of the artifacts")
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
+                        help="which of the three to build (the sibling is tuned only for the third)")
     parser.add_argument("--json", type=Path, help="write every build's figures here")
     args = parser.parse_args()
+    if importlib.util.find_spec("edgetune") is None:  # the artifacts are timed in this process, after the builds
+        raise SystemExit("edgetune is not installed for this Python: pip install -e . first")
     with tempfile.TemporaryDirectory(prefix="edgetune-ttq-") as scratch:
         rows = run_seeds(args, Path(scratch))
         libraries = {f"{r['system']}-{r['seed']}": Path(r["artifact_dir"]) / "model.so" for r in rows}

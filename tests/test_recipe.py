@@ -58,7 +58,7 @@ def test_good_recipe_loads(tmp_path: Path) -> None:
     assert recipe.name == "demo"
     assert recipe.model.zoo == "resnet18"
     assert recipe.fleet[0].is_local
-    assert recipe.tuning.search == "evolutionary" and recipe.tuning.seed == 0
+    assert recipe.tuning.search == "draft-verify" and recipe.tuning.seed == 0
     assert recipe.verify.rtol == 1e-4 and recipe.verify.atol == 1e-4
     assert recipe.source_path == (tmp_path / "recipe.yaml").resolve()
     assert recipe.base_dir == tmp_path.resolve()
@@ -124,7 +124,7 @@ def test_onnx_model_and_full_options(tmp_path: Path) -> None:
 
 def test_hash_ignores_key_order_and_spelled_out_defaults(tmp_path: Path) -> None:
     reordered = """\
-    tuning: {seed: 0, trials_per_task: 4, search: evolutionary}
+    tuning: {seed: 0, trials_per_task: 4, search: draft-verify}
     fleet:
       - {profile: host, name: host, connection: local}
     model: {zoo: resnet18}
