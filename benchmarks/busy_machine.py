@@ -7,6 +7,10 @@ unless `--search` says otherwise, the given budget): once on the idle machine, o
 CPU-bound processes (busy loops at normal priority) running beside the build. Then, with the machine
 idle again, both artifacts and ONNX Runtime are timed interleaved in one process, and the table gives
 each latency and the ratio busy / idle (1.0: the busy machine cost nothing; the goal is within 1.1).
+
+`--without-remeasure` adds a third build per seed, on the busy machine with disturbed timings kept as
+first measured (edgetune.tuning.measurements.REMEASURES = 0 in this process, where the builds run): the
+re-measurement's own effect, side by side.
 """
 
 from __future__ import annotations
@@ -39,12 +43,19 @@ def cpu_hogs(count: int):
             hog.wait()
 
 
-def build(model: str, budget_min: float, search: str, seed: int, hogs: int, output: Path) -> dict:
+def build(model: str, budget_min: float, search: str, seed: int, hogs: int, output: Path, remeasure: bool) -> dict:
+    from edgetune.tuning import measurements
+
     text = recipe_text(f"busy-{hogs}-{seed}", model, 2, 100_000, budget_min, search, output, 4)
     text = text.replace("  seed: 0\n", f"  seed: {seed}\n")
+    remeasures = measurements.REMEASURES
     with cpu_hogs(hogs):
         started = time.monotonic()
-        summary = build_artifact(text)
+        measurements.REMEASURES = remeasures if remeasure else 0
+        try:
+            summary = build_artifact(text)
+        finally:
+            measurements.REMEASURES = remeasures
     summary["wall_s"] = time.monotonic() - started
     return summary
 
@@ -76,26 +87,43 @@ def main() -> int:
     parser.add_argument("--hogs", type=int, default=1, help="busy-loop processes beside the busy build")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--without-remeasure", action="store_true",
+                        help="a third build per seed: busy, disturbed timings not measured again")
     args = parser.parse_args()
+    builds = [("idle", 0, True), ("busy", args.hogs, True)]
+    builds += [("busy-no-remeasure", args.hogs, False)] if args.without_remeasure else []
     rows = []
     with tempfile.TemporaryDirectory(prefix="edgetune-busy-") as scratch:
         for seed in args.seeds:
             built = {}
-            for label, hogs in (("idle", 0), ("busy", args.hogs)):
-                print(f"seed {seed}: building {args.model} on the {label} machine ({hogs} hogs)", flush=True)
-                built[label] = build(args.model, args.budget_min, args.search, seed, hogs, Path(scratch) / label)
+            for label, hogs, remeasure in builds:
+                print(f"seed {seed}: building {args.model}: {label} ({hogs} hogs)", flush=True)
+                built[label] = build(args.model, args.budget_min, args.search, seed, hogs, Path(scratch) / label,
+                                     remeasure)
             times = time_artifacts(args.model, {k: Path(v["artifact_dir"]) / "model.so" for k, v in built.items()},
                                    args.repeats)
             rows.append((seed, built, times))
     print(f"\n{args.model}, {args.search}, {args.budget_min} min, {args.hogs} hog(s) beside the busy build")
-    print("seed  idle ms  busy ms  ORT ms  busy/idle  idle vs ORT  busy vs ORT  trials idle/busy  wall idle/busy")
+    print("seed  idle ms  busy ms  ORT ms  busy/idle  idle vs ORT  busy vs ORT  trials idle/busy  wall idle/busy"
+          "  timings disturbed idle/busy (stayed so)")
     for seed, built, times in rows:
         idle, busy, ort = times["idle"], times["busy"], times["onnxruntime"]
         print(f"{seed:4d} {idle:8.2f} {busy:8.2f} {ort:7.2f} {busy / idle:9.3f}x {ort / idle:10.3f}x "
               f"{ort / busy:10.3f}x {built['idle']['trials_measured']:8d}/{built['busy']['trials_measured']:<6d}"
-              f" {built['idle']['wall_s']:6.0f}/{built['busy']['wall_s']:.0f} s")
+              f" {built['idle']['wall_s']:6.0f}/{built['busy']['wall_s']:.0f} s"
+              + "  " + "/".join(f"{built[k]['timings_disturbed']} ({built[k]['timings_still_disturbed']})"
+                                for k in ("idle", "busy")))
     ratios = [times["busy"] / times["idle"] for _, _, times in rows]
     print(f"busy/idle median {np.median(ratios):.3f}x, range {min(ratios):.3f}-{max(ratios):.3f}x")
+    if args.without_remeasure:
+        for seed, built, times in rows:
+            plain = built["busy-no-remeasure"]
+            print(f"seed {seed}: busy without re-measuring {times['busy-no-remeasure']:.2f} ms "
+                  f"({times['busy-no-remeasure'] / times['idle']:.3f}x idle; {plain['trials_measured']} trials, "
+                  f"{plain['timings_disturbed']} timings disturbed)")
+        plain_ratios = [times["busy-no-remeasure"] / times["idle"] for _, _, times in rows]
+        print(f"busy without re-measuring / idle median {np.median(plain_ratios):.3f}x, "
+              f"range {min(plain_ratios):.3f}-{max(plain_ratios):.3f}x")
     return 0
 
 
