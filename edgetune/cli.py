@@ -263,8 +263,8 @@ def _print_summary(result) -> None:
                       "(estimated from its kernels' times)", markup=False, soft_wrap=True)
         if t.timings_disturbed:
             out.print(f"{name}: {t.timings_disturbed} of {t.trials_measured} candidates' timings were disturbed by "
-                      f"other work on this machine and re-measured ({t.timings_still_disturbed} stayed disturbed)",
-                      markup=False, soft_wrap=True)
+                      f"other work on the device; {t.timings_remeasured} near their task's best were measured again "
+                      f"({t.timings_still_disturbed} stayed disturbed)", markup=False, soft_wrap=True)
         if t.transfer and t.transfer["used"]:
             transfer = t.transfer
             out.print(f"{name}: transfer from {', '.join(transfer['sources'])}: {transfer['seeds_measured']} sibling "

@@ -71,6 +71,7 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
         transfer=_transfer_summary(tuning, ctx.sibling_stores, recipe.tuning.transfer),
         tuning_failed=[f"{t.name}: {t.tuning_failed}" for t in tuning.failed],
         timings_disturbed=sum(t.timings_disturbed for t in tuning.tasks),
+        timings_remeasured=sum(t.timings_remeasured for t in tuning.tasks),
         timings_still_disturbed=sum(t.timings_still_disturbed for t in tuning.tasks),
     )
 
@@ -115,6 +116,7 @@ def _task_summary(task, search: str) -> dict[str, Any]:
         "search_fallback": task.search.fallback,
         "tuning_failed": task.tuning_failed,
         "timings_disturbed": task.timings_disturbed,
+        "timings_remeasured": task.timings_remeasured,
     }
 
 

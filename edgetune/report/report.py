@@ -194,7 +194,9 @@ def _manifest_facts(manifest: Manifest, result: TargetResult) -> dict[str, Any]:
         "tuning": [
             ("this build measured", f"{result.trials_measured} candidates"
                                     + (f" in {result.tuning_s:.0f} s" if result.tuning_s else "")),
-            ("timings disturbed", f"{result.timings_disturbed} re-measured, {result.timings_still_disturbed} stayed so"),
+            ("timings disturbed", f"{result.timings_disturbed}; near the best, measured again: "
+                                  f"{result.timings_remeasured}, of which stayed disturbed: "
+                                  f"{result.timings_still_disturbed}"),
             ("trials per task", tuning.trials_per_task),
             ("time budget", f"{tuning.time_budget_min} min" if tuning.time_budget_min else "none"),
             ("seed", tuning.seed),

@@ -31,8 +31,10 @@ class TargetResult(BaseModel):
     trials_total: int = 0
     tuning_s: float = 0.0  # tuning wall time in this build
     timings_disturbed: int = 0
-    """Candidates whose timing other work on the machine disturbed (mean well above median), so re-measured:
-    many of them say the machine was busy while tuning (measurements.quietest_timing)..."""
+    """Candidates whose timing other work on the machine disturbed (mean well above median): many of them
+    say the machine was busy while tuning (measurements.TimingNoise)..."""
+    timings_remeasured: int = 0
+    """...those of them near their task's best, so measured again..."""
     timings_still_disturbed: int = 0
     """...and of those, the ones that no re-measurement gave undisturbed."""
     tuning_stopped_by: list[str] = []

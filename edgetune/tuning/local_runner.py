@@ -3,7 +3,7 @@
 The same timing function as TVM's LocalRunner, one candidate at a time on one long-lived worker
 (tuning/worker_pool.py), so the candidates never run side by side and the worker costs 190 MB, not 400.
 Given the builder's pool, it times on one of the builder's workers: no process of its own. A timing
-that something else on the machine disturbed is taken again (measurements.quietest_timing).
+near the task's best that something else on the machine disturbed is taken again (measurements.TimingNoise).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, PyRunner, RunnerFuture, RunnerInput
 from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture, _worker_func
 
-from edgetune.tuning.measurements import NoiseCounts, quietest_timing
+from edgetune.tuning.measurements import TimingNoise
 from edgetune.tuning.worker_pool import WorkerPool
 
 
@@ -22,8 +22,8 @@ from edgetune.tuning.worker_pool import WorkerPool
 class LocalCandidateRunner(PyRunner):
     """Times each candidate in turn; one that runs past `timeout_sec` is killed and recorded as an error.
 
-    `pool`: workers shared with the builder (default: one worker of its own). `noise`: how many timings
-    were disturbed and re-measured.
+    `pool`: workers shared with the builder (default: one worker of its own). `noise`: which disturbed
+    timings are measured again, and how many were.
     """
 
     def __init__(self, timing: EvaluatorConfig | None = None, timeout_sec: float = 30.0,
@@ -32,7 +32,7 @@ class LocalCandidateRunner(PyRunner):
         self.timing = EvaluatorConfig._normalized(timing)
         self.timeout_sec = timeout_sec
         self.pool = pool or WorkerPool(1, timeout_sec, stderr=subprocess.DEVNULL)
-        self.noise = NoiseCounts()
+        self.noise = TimingNoise()
 
     def run(self, runner_inputs: list[RunnerInput]) -> list[RunnerFuture]:
         return [self._measure(runner_input) for runner_input in runner_inputs]
@@ -45,7 +45,7 @@ class LocalCandidateRunner(PyRunner):
                                                  str(runner_input.artifact_path), str(runner_input.device_type),
                                                  arguments).result()
         try:
-            return LocalRunnerFuture(res=quietest_timing(timed(), timed, self.noise), error_message=None)
+            return LocalRunnerFuture(res=self.noise.quietest(timed(), timed), error_message=None)
         except TimeoutError:
             return LocalRunnerFuture(res=None, error_message=f"LocalRunner: Timeout, killed after "
                                                              f"{self.timeout_sec} seconds\n")

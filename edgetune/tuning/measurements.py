@@ -35,16 +35,13 @@ DISTURBED_MEAN_OVER_MEDIAN = 1.10
 the machine took the CPU during a run or two (one run of ten at 5x the others moves the mean 40%), and a
 store ranks by the mean. In an idle ResNet-18 build's store 9% of the candidates were so."""
 
+NEAR_BEST = 1.25
+"""A disturbed timing is measured again only when its median (the runs the disturbance left alone) is
+within this factor of the task's best so far: on a busy machine most timings are disturbed, and a
+candidate far behind the best ranks there whatever its spikes; measuring it again only costs trials."""
+
 REMEASURES = 2
 """Re-measurements of a disturbed timing at most; the quietest of all of them is kept."""
-
-
-@dataclass
-class NoiseCounts:
-    """How often this machine disturbed the timings: the tuning's measure of a busy machine."""
-
-    disturbed: int = 0  # candidates whose first timing was disturbed, and so re-measured
-    still_disturbed: int = 0  # ...and that no re-measurement gave undisturbed
 
 
 def is_disturbed(run_secs: Sequence) -> bool:
@@ -55,29 +52,49 @@ def is_disturbed(run_secs: Sequence) -> bool:
     return sum(seconds) / len(seconds) > DISTURBED_MEAN_OVER_MEDIAN * median(seconds)
 
 
-def quietest_timing(first: T, measure_again: Callable[[], T], counts: NoiseCounts,
-                    seconds: Callable[[T], Sequence] = lambda timing: timing) -> T:
-    """`first`, or where it was disturbed the one of lowest mean of it and up to REMEASURES more timings of
-    the same candidate, stopping at the first undisturbed one; `seconds` reads a timing's run times. A
-    re-measurement that raises or fails ends the retries.
+@dataclass
+class TimingNoise:
+    """A runner's watch over disturbed timings: which to measure again, and how often the machine
+    disturbed them (the tuning's measure of a busy machine)."""
 
-    Spikes only add time, so the lowest mean is the nearest to the candidate's own: left as it was, a
-    disturbed timing ranks a good schedule below worse ones, and the search loses it."""
-    if not is_disturbed(seconds(first)):
-        return first
-    counts.disturbed += 1
-    quietest = first
-    for _ in range(REMEASURES):
-        try:
-            again = measure_again()
-        except Exception:  # the candidate failed this time: keep the timings it gave before
-            break
-        if mean_seconds(seconds(again)) < mean_seconds(seconds(quietest)):
-            quietest = again
-        if not is_disturbed(seconds(again)):
-            return quietest
-    counts.still_disturbed += 1
-    return quietest
+    disturbed: int = 0  # candidates whose first timing was disturbed
+    remeasured: int = 0  # ...near enough the best to be measured again
+    still_disturbed: int = 0  # ...and that no re-measurement gave undisturbed
+    best_s: float | None = None
+    """The current task's best mean so far: set when its round starts, lowered by each timing."""
+
+    def quietest(self, first: T, measure_again: Callable[[], T],
+                 seconds: Callable[[T], Sequence] = lambda timing: timing) -> T:
+        """`first`, or where it was disturbed near the best the one of lowest mean of it and up to REMEASURES
+        more timings of the same candidate, stopping at the first undisturbed one; `seconds` reads a
+        timing's run times. A re-measurement that raises or fails ends the retries.
+
+        Spikes only add time, so the lowest mean is the nearest to the candidate's own: left as it was, a
+        disturbed timing ranks a good schedule below worse ones, and the search loses it."""
+        quietest = first
+        if is_disturbed(seconds(first)):
+            self.disturbed += 1
+            if self.best_s is None or median(float(s) for s in seconds(first)) <= NEAR_BEST * self.best_s:
+                quietest = self._measured_again(first, measure_again, seconds)
+        mean = mean_seconds(seconds(quietest))
+        if mean < FAILED and (self.best_s is None or mean < self.best_s):
+            self.best_s = mean
+        return quietest
+
+    def _measured_again(self, first: T, measure_again: Callable[[], T], seconds: Callable[[T], Sequence]) -> T:
+        self.remeasured += 1
+        quietest = first
+        for _ in range(REMEASURES):
+            try:
+                again = measure_again()
+            except Exception:  # the candidate failed this time: keep the timings it gave before
+                break
+            if mean_seconds(seconds(again)) < mean_seconds(seconds(quietest)):
+                quietest = again
+            if not is_disturbed(seconds(again)):
+                return quietest
+        self.still_disturbed += 1
+        return quietest
 
 
 def measure_candidate(schedule: Schedule) -> MeasureCandidate:

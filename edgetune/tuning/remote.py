@@ -35,7 +35,7 @@ from tvm.s_tir.meta_schedule.utils import remove_build_dir
 from edgetune.errors import BuildError
 from edgetune.fleet import tracker
 from edgetune.fleet.endpoints import RemoteDevice
-from edgetune.tuning.measurements import NoiseCounts, quietest_timing
+from edgetune.tuning.measurements import TimingNoise
 from edgetune.tuning.worker_pool import WorkerPool
 
 _CONNECT_GRACE_S = 10.0
@@ -116,8 +116,8 @@ class RetryingRPCRunner(PyRunner):
     A candidate that crashes its session is retried too (the runner cannot tell it from a server
     that died), and then recorded as the failure it is.
 
-    A timing that something else on the device disturbed is taken again (measurements.quietest_timing);
-    `noise` counts them. `stop` is the tuning loop's stop request: set when the key has no server left,
+    A timing near the task's best that something else on the device disturbed is taken again
+    (measurements.TimingNoise, `noise`). `stop` is the tuning loop's stop request: set when the key has no server left,
     with `lost` saying so. `timing`: how each candidate is timed (MetaSchedule's default when left out).
     """
 
@@ -126,7 +126,7 @@ class RetryingRPCRunner(PyRunner):
         self.remote = remote
         self.stop = stop
         self.lost: str | None = None
-        self.noise = NoiseCounts()
+        self.noise = TimingNoise()
         servers = tracker.require_servers(remote.tracker, remote.key)
         config = RPCConfig(remote.tracker_host, remote.tracker_port, remote.key,
                            session_timeout_sec=remote.timeout_s)
@@ -153,8 +153,8 @@ class RetryingRPCRunner(PyRunner):
                     results[i] = result
                 if all(connect_failed(r) for r in retried):
                     self._lose("every retry failed to connect")
-        return [_Measured(quietest_timing(r, lambda i=i: self._measure([runner_inputs[i]])[0], self.noise,
-                                          _run_secs)) for i, r in enumerate(results)]
+        return [_Measured(self.noise.quietest(r, lambda i=i: self._measure([runner_inputs[i]])[0], _run_secs))
+                for i, r in enumerate(results)]
 
     def _measure(self, runner_inputs: list[RunnerInput]) -> list[RunnerResult]:
         return [future.result() for future in self.inner.run(runner_inputs)]

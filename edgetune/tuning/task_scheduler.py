@@ -58,7 +58,8 @@ class TaskOutcome:
     trials_since_gain: int = 0  # measured in this build since a round last lowered its best by 1%
     search: SearchCounts = field(default_factory=SearchCounts)  # draft-verify's candidates per stage
     tuning_failed: str | None = None  # "<ExcType>: <message>" of the exception that ended its tuning
-    timings_disturbed: int = 0  # its candidates whose timing other work on the machine disturbed: re-measured
+    timings_disturbed: int = 0  # its candidates whose timing other work on the machine disturbed
+    timings_remeasured: int = 0  # ...near enough its best to be measured again (measurements.TimingNoise)
     timings_still_disturbed: int = 0  # ...and that no re-measurement gave undisturbed
 
     @property

@@ -366,7 +366,7 @@ def _tune_one(task, index, total, trials, enough, target, store, plan, builder, 
         num_threads=plan.cores,
     )
     callbacks = list(MeasureCallback.create("default")) + [_ReportProgress(on_batch, stop)]
-    with _noise_of(runner, outcome):
+    with _noise_of(runner, outcome, best):
         ms.tune_tasks(
             tasks=[context],
             task_weights=[float(task.weight)],
@@ -384,14 +384,19 @@ def _tune_one(task, index, total, trials, enough, target, store, plan, builder, 
 
 
 @contextmanager
-def _noise_of(runner: ms.runner.Runner, outcome: TaskOutcome) -> Iterator[None]:
-    """Adds to the task's outcome the disturbed timings its round met (a runner that re-measures them keeps
-    `noise`: measurements.NoiseCounts; TVM's own runners do not)."""
+def _noise_of(runner: ms.runner.Runner, outcome: TaskOutcome, best_s: float | None) -> Iterator[None]:
+    """A round of one task: the runner's watch over disturbed timings starts from the task's best, and the
+    timings the round found disturbed are added to its outcome (edgetune's runners keep `noise`:
+    measurements.TimingNoise; TVM's own do not)."""
     noise = getattr(runner, "noise", None)
-    before = (noise.disturbed, noise.still_disturbed) if noise is not None else (0, 0)
+    if noise is None:
+        yield
+        return
+    noise.best_s = best_s
+    before = (noise.disturbed, noise.remeasured, noise.still_disturbed)
     try:
         yield
     finally:
-        if noise is not None:
-            outcome.timings_disturbed += noise.disturbed - before[0]
-            outcome.timings_still_disturbed += noise.still_disturbed - before[1]
+        outcome.timings_disturbed += noise.disturbed - before[0]
+        outcome.timings_remeasured += noise.remeasured - before[1]
+        outcome.timings_still_disturbed += noise.still_disturbed - before[2]
