@@ -105,14 +105,14 @@ def main() -> int:
             rows.append((seed, built, times))
     print(f"\n{args.model}, {args.search}, {args.budget_min} min, {args.hogs} hog(s) beside the busy build")
     print("seed  idle ms  busy ms  ORT ms  busy/idle  idle vs ORT  busy vs ORT  trials idle/busy  wall idle/busy"
-          "  timings disturbed idle/busy (stayed so)")
+          "  timings disturbed/measured again/stayed so, idle; busy")
     for seed, built, times in rows:
         idle, busy, ort = times["idle"], times["busy"], times["onnxruntime"]
         print(f"{seed:4d} {idle:8.2f} {busy:8.2f} {ort:7.2f} {busy / idle:9.3f}x {ort / idle:10.3f}x "
               f"{ort / busy:10.3f}x {built['idle']['trials_measured']:8d}/{built['busy']['trials_measured']:<6d}"
               f" {built['idle']['wall_s']:6.0f}/{built['busy']['wall_s']:.0f} s"
-              + "  " + "/".join(f"{built[k]['timings_disturbed']} ({built[k]['timings_still_disturbed']})"
-                                for k in ("idle", "busy")))
+              + "  " + "; ".join(f"{built[k]['timings_disturbed']}/{built[k]['timings_remeasured']}/"
+                                 f"{built[k]['timings_still_disturbed']}" for k in ("idle", "busy")))
     ratios = [times["busy"] / times["idle"] for _, _, times in rows]
     print(f"busy/idle median {np.median(ratios):.3f}x, range {min(ratios):.3f}-{max(ratios):.3f}x")
     if args.without_remeasure:
