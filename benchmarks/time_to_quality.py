@@ -9,8 +9,9 @@ each from its own fresh record store, one seed after another, their order rotati
 - draft-verify: the analyzer drafts, the learned model verifies (`search: draft-verify`);
 - draft-verify+sibling: the same, with a sibling's records to transfer from (`transfer: momentum`). The
   sibling is this CPU as a 1-core device (`overrides: {hardware: {cores: 1}}`: another core count, so
-  its own store and target string), tuned once before the seeds with draft-verify for the same budget.
-  Each seed gets a fresh copy of that store.
+  its own store and target string), tuned once before the seeds with draft-verify for
+  `--sibling-budget-min` (default: twice the budget; a fleet's sibling holds the records of earlier
+  releases). Each seed gets a fresh copy of that store.
 Each build is the `edgetune build` command, in a process of its own. From its summary come the
 time to beat ONNX Runtime (`time_to_beat_reference_s`, seconds of tuning) and the tuning curve (the
 model's latency along the tuning, estimated from the kernels' best times and anchored on the final
@@ -94,9 +95,12 @@ def run_seeds(args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
     """The sibling once, then every system for every seed (order rotating); one row per build."""
     sibling_records = scratch / "sibling-records"
     if "draft-verify+sibling" in args.systems:
-        print(f"sibling: {args.model} as a 1-core device, draft-verify, {args.budget_min} min", flush=True)
-        build(recipe(args.model, args.budget_min, "draft-verify", 0, False, scratch / "sibling-out"), "sibling",
-              sibling_records)
+        sibling_min = args.sibling_budget_min or 2 * args.budget_min
+        print(f"sibling: {args.model} as a 1-core device, draft-verify, {sibling_min} min", flush=True)
+        sibling = build(recipe(args.model, sibling_min, "draft-verify", 0, False, scratch / "sibling-out"),
+                        "sibling", sibling_records)
+        print(f"    the sibling's artifact: {sibling['latency_ms']:.2f} ms on its 1 core; "
+              f"{sibling['trials_measured']} trials", flush=True)
     rows = []
     systems = [s for s in SYSTEMS if s in args.systems]
     for turn, seed in enumerate(args.seeds):
@@ -114,6 +118,10 @@ def run_seeds(args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
             print(f"    built: {done['latency_ms']:.2f} ms against ONNX Runtime's {done['reference_latency_ms']:.2f} ms "
                   f"in the build's own timing; beat it after {done['time_to_beat_reference_s']} s of tuning; "
                   f"{done['trials_measured']} trials", flush=True)
+            if done.get("transfer"):
+                print(f"    transfer: {done['transfer'].get('seeds_measured')} sibling schedules measured first; "
+                      f"{len(done['transfer'].get('tasks_best_from_sibling') or [])} tasks still best with one",
+                      flush=True)
     return rows
 
 
@@ -167,6 +175,7 @@ def main() -> int:
     parser.add_argument("--model", choices=("resnet18", "mobilenet_v2"), default="resnet18")
     parser.add_argument("--budget-min", type=float, default=5.0)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--sibling-budget-min", type=float, help="the sibling's budget (default: twice --budget-min)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds of the artifacts")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
                         help="which of the three to build (the sibling is tuned only for the third)")

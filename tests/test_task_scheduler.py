@@ -71,3 +71,25 @@ def test_first_round_trials_never_exceed_the_trials_asked_for_nor_divide_by_a_ze
     assert fit(1, 5.0, 1, 10, 10.0) == 1  # trials_per_task 1: a late pass cannot raise it to 2
     assert fit(8, 0.0, 8, 10, 10.0) == 8  # rounds faster than the clock's resolution
     assert fit(8, 5.0, 8, 10, 10.0) == 2  # past 40% of the budget already: the least
+
+
+def test_under_a_budget_a_task_with_sibling_schedules_measures_just_those_first() -> None:
+    """The whole model reaches its siblings' quality before any task is searched (the time to beat a reference
+    is then the seeds' time); a task without seeds gets the usual first round, and without a budget the
+    seeds are part of the task's one pass."""
+    def first_rounds(budget_s: float | None) -> list[int]:
+        outcomes = [TaskOutcome("seeded", 1, 1e6, 0, 0, None, sibling_seeds=3),
+                    TaskOutcome("unseeded", 1, 1e6, 0, 0, None)]
+        trials_of_first: list[int] = []
+
+        def measure_round(position: int, trials: int, enough: int) -> None:
+            if outcomes[position].trials_measured == 0:
+                trials_of_first.append(trials)
+            outcomes[position].trials_measured += trials
+
+        TaskScheduler(outcomes, 16, budget_s, time.monotonic(), measure_round, lambda p: 10.0, lambda: None).run()
+        assert all(o.trials_measured == 16 for o in outcomes)  # the seeds take no trials from the task
+        return trials_of_first
+
+    assert first_rounds(100.0) == [3, 8]
+    assert first_rounds(None) == [16, 16]

@@ -3,11 +3,11 @@
 Each task gets `trials_per_task` measurements in total across builds. Without a time budget every
 task is tuned to that in one pass. Under a budget, after a short first pass over every task (shorter
 still for the lighter tasks where it would not fit in 40% of the budget: every task gets a measured
-schedule), each
-round goes to the task expected to save the model the most latency per second of tuning (Ansor's
-task scheduler, its gradient rule), so the budget is spent where the model spends its time; a task
-that stopped improving waits until no improving task is left. A round of one task is measured by
-the caller (`tune.py`: one `tune_tasks` call); the scheduler keeps each task's pace and gains.
+schedule; a task with sibling devices' schedules measures just those in it, so the whole model reaches
+the siblings' quality first), each round goes to the task expected to save the model the most latency
+per second of tuning (Ansor's task scheduler, its gradient rule), so the budget is spent where the model
+spends its time; a task that stopped improving waits until no improving task is left. A round of one task
+is measured by the caller (`tune.py`: one `tune_tasks` call); the scheduler keeps each task's pace and gains.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ class TaskOutcome:
     timings_disturbed: int = 0  # its candidates whose timing other work on the machine disturbed
     timings_remeasured: int = 0  # ...near enough its best to be measured again (measurements.TimingNoise)
     timings_still_disturbed: int = 0  # ...and that no re-measurement gave undisturbed
+    sibling_seeds: int = 0  # siblings' best schedules waiting to be measured first: under a budget, its first round
 
     @property
     def gflops(self) -> float | None:
@@ -106,9 +107,9 @@ class TaskScheduler:
         first_pass = self.trials_per_task if budget_s is None else min(_FIRST_PASS_TRIALS, self.trials_per_task)
         pass_started, sent = time.monotonic(), 0
         for position, outcome in enumerate(self.outcomes):
-            trials = first_pass
+            trials = first_pass if budget_s is None else min(first_pass, outcome.sibling_seeds or first_pass)
             if budget_s is not None and sent:
-                trials = self._first_trials_that_fit(first_pass, time.monotonic() - pass_started, sent,
+                trials = self._first_trials_that_fit(trials, time.monotonic() - pass_started, sent,
                                                      len(self.outcomes) - position, budget_s)
             if trials <= outcome.trials_before:
                 continue

@@ -261,7 +261,8 @@ def tune(
             workers.callback(builder.close)  # the workers end with the tuning, before the compile needs memory
             workers.callback(runner.close)
             cost_model = _cost_model(plan, store, result.transfer)
-        result.tasks = [TaskOutcome(t.name, t.weight, t.flops, done, 0, best_us(store, t)) for t, done in pending]
+        result.tasks = [TaskOutcome(t.name, t.weight, t.flops, done, 0, best_us(store, t),
+                                    sibling_seeds=_seeds_waiting(plan, t, done)) for t, done in pending]
 
         def measure_round(position: int, trials: int, enough: int) -> None:
             task, outcome = tasks[position], result.tasks[position]
@@ -291,6 +292,13 @@ def tune(
         count_committed(tasks, result.tasks, counts, store)
     result.wall_s = time.monotonic() - started
     return result
+
+
+def _seeds_waiting(plan: TuningPlan, task: TuningTask, done: int) -> int:
+    """The siblings' schedules `SeededSearch` measures first for the task (none once its store has records)."""
+    if done or not _transfers(plan):
+        return 0
+    return len(plan.siblings.seeds.get(task_key(task), []))
 
 
 def _task_failed(task: TuningTask, outcome: TaskOutcome, exc: Exception) -> None:
