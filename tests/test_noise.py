@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from edgetune.tuning.measurements import NEAR_BEST, REMEASURES, TimingNoise, is_disturbed
+from edgetune.tuning.measurements import (
+    NEAR_BEST,
+    REMEASURES,
+    NoiseCounts,
+    TimingNoise,
+    WatchesTimingNoise,
+    is_disturbed,
+)
 
 QUIET = [1.0e-4] * 9 + [1.02e-4]
 PRE_EMPTED = [1.0e-4] * 9 + [5.0e-4]  # one run of ten lost its core to another process: the mean is 1.4x
@@ -26,7 +33,7 @@ class Timings:
 
 
 def counts(noise: TimingNoise) -> tuple[int, int, int]:
-    return noise.disturbed, noise.remeasured, noise.still_disturbed
+    return noise.counts.disturbed, noise.counts.remeasured, noise.counts.still_disturbed
 
 
 def test_a_quiet_timing_is_kept_without_measuring_again_and_lowers_the_best() -> None:
@@ -83,3 +90,29 @@ def test_timings_without_a_median_to_compare_or_of_failed_runs_are_not_disturbed
 def test_a_runners_result_is_read_through_the_given_accessor() -> None:
     first, quiet = ("first", PRE_EMPTED), ("again", QUIET)
     assert TimingNoise().quietest(first, Timings(quiet), seconds=lambda result: result[1]) == quiet
+
+
+def test_each_round_counts_into_its_own_tasks_counts_and_the_totals_add_up() -> None:
+    """The runner's watch is handed the counts of the task whose round starts: nothing to subtract afterwards."""
+    first_task, second_task, noise = NoiseCounts(), NoiseCounts(), TimingNoise()
+    noise.watch(first_task, best_s=None)
+    noise.quietest(PRE_EMPTED, Timings(QUIET))
+    noise.watch(second_task, best_s=1.0e-4)
+    noise.quietest([x * 2 for x in PRE_EMPTED], Timings())  # far behind this task's best: not measured again
+    assert (first_task.disturbed, first_task.remeasured, second_task.disturbed, second_task.remeasured) == (1, 1, 1, 0)
+    total = NoiseCounts.total([first_task, second_task])
+    assert (total.disturbed, total.remeasured, total.still_disturbed) == (2, 1, 0)
+
+
+def test_only_edgetunes_runners_watch_timing_noise() -> None:
+    from tvm.s_tir.meta_schedule.runner import LocalRunner
+
+    from edgetune.tuning.tune import local_builder_runner
+
+    builder, runner = local_builder_runner(1, "cpu")
+    try:
+        assert isinstance(runner, WatchesTimingNoise)
+        assert not isinstance(LocalRunner(), WatchesTimingNoise)
+    finally:
+        builder.close()
+        runner.close()

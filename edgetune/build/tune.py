@@ -11,6 +11,7 @@ from edgetune.build.context import Event, TargetBuild
 from edgetune.report.summary import TargetResult
 from edgetune.frontend.onnx import fuse_for_tuning
 from edgetune.tuning.database.store import RecordStore
+from edgetune.tuning.measurements import NoiseCounts
 from edgetune.tuning.shards import tune_in_shards
 from edgetune.tuning.tasks import extract_tasks
 from edgetune.tuning.transfer.siblings import load_sibling_records
@@ -57,6 +58,7 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
     for t in tuning.failed:
         kept = "its best schedule so far" if t.best_us is not None else "its untuned schedule"
         ctx.say(f"warning: tuning of task {t.name} failed ({t.tuning_failed}); it keeps {kept}")
+    noise = NoiseCounts.total(t.timings for t in tuning.tasks)
     return TargetResult(
         ctx.name,
         trials_measured=tuning.trials_measured,
@@ -70,9 +72,9 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
         records=_display_store(ctx.store.directory, ctx.build_dir),
         transfer=_transfer_summary(tuning, ctx.sibling_stores, recipe.tuning.transfer),
         tuning_failed=[f"{t.name}: {t.tuning_failed}" for t in tuning.failed],
-        timings_disturbed=sum(t.timings_disturbed for t in tuning.tasks),
-        timings_remeasured=sum(t.timings_remeasured for t in tuning.tasks),
-        timings_still_disturbed=sum(t.timings_still_disturbed for t in tuning.tasks),
+        timings_disturbed=noise.disturbed,
+        timings_remeasured=noise.remeasured,
+        timings_still_disturbed=noise.still_disturbed,
     )
 
 
@@ -115,8 +117,8 @@ def _task_summary(task, search: str) -> dict[str, Any]:
         "candidates": asdict(task.search) if search == "draft-verify" else None,
         "search_fallback": task.search.fallback,
         "tuning_failed": task.tuning_failed,
-        "timings_disturbed": task.timings_disturbed,
-        "timings_remeasured": task.timings_remeasured,
+        "timings_disturbed": task.timings.disturbed,
+        "timings_remeasured": task.timings.remeasured,
     }
 
 

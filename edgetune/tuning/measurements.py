@@ -6,10 +6,10 @@ of them imports another for these helpers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from statistics import median
-from typing import TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
@@ -53,15 +53,35 @@ def is_disturbed(run_secs: Sequence) -> bool:
 
 
 @dataclass
-class TimingNoise:
-    """A runner's watch over disturbed timings: which to measure again, and how often the machine
-    disturbed them (the tuning's measure of a busy machine)."""
+class NoiseCounts:
+    """How often other work on the machine disturbed a task's timings (the tuning's measure of a busy machine)."""
 
     disturbed: int = 0  # candidates whose first timing was disturbed
     remeasured: int = 0  # ...near enough the best to be measured again
     still_disturbed: int = 0  # ...and that no re-measurement gave undisturbed
+
+    @classmethod
+    def total(cls, counts: Iterable[NoiseCounts]) -> NoiseCounts:
+        summed = cls()
+        for each in counts:
+            summed.disturbed += each.disturbed
+            summed.remeasured += each.remeasured
+            summed.still_disturbed += each.still_disturbed
+        return summed
+
+
+@dataclass
+class TimingNoise:
+    """A runner's watch over disturbed timings: which to measure again, counted into the task being tuned."""
+
     best_s: float | None = None
     """The current task's best mean so far: set when its round starts, lowered by each timing."""
+    counts: NoiseCounts = field(default_factory=NoiseCounts)
+    """The current task's counts: its outcome's own, handed over when its round starts (`watch`)."""
+
+    def watch(self, counts: NoiseCounts, best_s: float | None) -> None:
+        """A round of another task starts: its timings count into `counts`, compared with its `best_s`."""
+        self.counts, self.best_s = counts, best_s
 
     def quietest(self, first: T, measure_again: Callable[[], T],
                  seconds: Callable[[T], Sequence] = lambda timing: timing) -> T:
@@ -73,7 +93,7 @@ class TimingNoise:
         disturbed timing ranks a good schedule below worse ones, and the search loses it."""
         quietest = first
         if is_disturbed(seconds(first)):
-            self.disturbed += 1
+            self.counts.disturbed += 1
             if self.best_s is None or median(float(s) for s in seconds(first)) <= NEAR_BEST * self.best_s:
                 quietest = self._measured_again(first, measure_again, seconds)
         mean = mean_seconds(seconds(quietest))
@@ -82,7 +102,7 @@ class TimingNoise:
         return quietest
 
     def _measured_again(self, first: T, measure_again: Callable[[], T], seconds: Callable[[T], Sequence]) -> T:
-        self.remeasured += 1
+        self.counts.remeasured += 1
         quietest = first
         for _ in range(REMEASURES):
             try:
@@ -93,8 +113,15 @@ class TimingNoise:
                 quietest = again
             if not is_disturbed(seconds(again)):
                 return quietest
-        self.still_disturbed += 1
+        self.counts.still_disturbed += 1
         return quietest
+
+
+@runtime_checkable
+class WatchesTimingNoise(Protocol):
+    """A runner that measures disturbed timings again (edgetune's local and RPC runners; TVM's own do not)."""
+
+    noise: TimingNoise
 
 
 def measure_candidate(schedule: Schedule) -> MeasureCandidate:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from edgetune.tuning.measurements import NoiseCounts
 from edgetune.tuning.search_strategy.draft_verify import SearchCounts
 
 MAX_TRIALS_PER_ROUND = 64  # MetaSchedule's default num_trials_per_iter
@@ -58,9 +59,7 @@ class TaskOutcome:
     trials_since_gain: int = 0  # measured in this build since a round last lowered its best by 1%
     search: SearchCounts = field(default_factory=SearchCounts)  # draft-verify's candidates per stage
     tuning_failed: str | None = None  # "<ExcType>: <message>" of the exception that ended its tuning
-    timings_disturbed: int = 0  # its candidates whose timing other work on the machine disturbed
-    timings_remeasured: int = 0  # ...near enough its best to be measured again (measurements.TimingNoise)
-    timings_still_disturbed: int = 0  # ...and that no re-measurement gave undisturbed
+    timings: NoiseCounts = field(default_factory=NoiseCounts)  # its timings other work disturbed (TimingNoise)
     sibling_seeds: int = 0  # siblings' best schedules waiting to be measured first: under a budget, its first round
 
     @property

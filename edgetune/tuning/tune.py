@@ -39,6 +39,7 @@ from edgetune.tuning.cost_model.transfer import TransferCostModel, TransferMode
 from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.intrinsics import register_tensor_intrinsics
 from edgetune.tuning.local_runner import LocalCandidateRunner
+from edgetune.tuning.measurements import WatchesTimingNoise
 from edgetune.tuning.remote import DeviceLost, RetryingRPCRunner, shared_object_export
 from edgetune.tuning.search_strategy.draft_verify import SearchCounts
 from edgetune.tuning.search_strategy.seeded import SeededSearch
@@ -374,37 +375,25 @@ def _tune_one(task, index, total, trials, enough, target, store, plan, builder, 
         num_threads=plan.cores,
     )
     callbacks = list(MeasureCallback.create("default")) + [_ReportProgress(on_batch, stop)]
-    with _noise_of(runner, outcome, best):
-        ms.tune_tasks(
-            tasks=[context],
-            task_weights=[float(task.weight)],
-            work_dir=str(logs_dir),
-            max_trials_global=enough,  # counts candidates sent: the loop ends once it is reached
-            max_trials_per_task=trials,
-            num_trials_per_iter=per_round,
-            builder=builder,
-            runner=runner,
-            database=store.database,
-            cost_model=cost_model,
-            measure_callbacks=callbacks,
-            task_scheduler="round-robin",
-        )
+    _watch_noise(runner, outcome, best)
+    ms.tune_tasks(
+        tasks=[context],
+        task_weights=[float(task.weight)],
+        work_dir=str(logs_dir),
+        max_trials_global=enough,  # counts candidates sent: the loop ends once it is reached
+        max_trials_per_task=trials,
+        num_trials_per_iter=per_round,
+        builder=builder,
+        runner=runner,
+        database=store.database,
+        cost_model=cost_model,
+        measure_callbacks=callbacks,
+        task_scheduler="round-robin",
+    )
 
 
-@contextmanager
-def _noise_of(runner: ms.runner.Runner, outcome: TaskOutcome, best_s: float | None) -> Iterator[None]:
-    """A round of one task: the runner's watch over disturbed timings starts from the task's best, and the
-    timings the round found disturbed are added to its outcome (edgetune's runners keep `noise`:
-    measurements.TimingNoise; TVM's own do not)."""
-    noise = getattr(runner, "noise", None)
-    if noise is None:
-        yield
-        return
-    noise.best_s = best_s
-    before = (noise.disturbed, noise.remeasured, noise.still_disturbed)
-    try:
-        yield
-    finally:
-        outcome.timings_disturbed += noise.disturbed - before[0]
-        outcome.timings_remeasured += noise.remeasured - before[1]
-        outcome.timings_still_disturbed += noise.still_disturbed - before[2]
+def _watch_noise(runner: ms.runner.Runner, outcome: TaskOutcome, best_s: float | None) -> None:
+    """A round of one task starts: the runner's watch over disturbed timings compares them with the task's
+    best and counts them into its outcome."""
+    if isinstance(runner, WatchesTimingNoise):
+        runner.noise.watch(outcome.timings, best_s)
