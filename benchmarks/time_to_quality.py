@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -63,9 +64,10 @@ def recipe(model: str, budget_min: float, search: str, seed: int, transfer: bool
     }
 
 
-def build(spec: dict[str, Any], target: str, records_dir: Path) -> dict[str, Any]:
+def build(spec: dict[str, Any], target: str, records_dir: Path, checkout: Path | None = None) -> dict[str, Any]:
     """One target of the recipe, built by the `edgetune` command in a process of its own (TVM's thread pool
-    keeps the width it started with: a 1-core sibling would narrow every later build); its summary."""
+    keeps the width it started with: a 1-core sibling would narrow every later build); its summary.
+    `checkout`: a source tree of edgetune to build with instead of the installed one."""
     run_dir = Path(spec["output"]).parent
     run_dir.mkdir(parents=True, exist_ok=True)
     recipe_path, summary_path = run_dir / "recipe.yaml", run_dir / "summary.json"
@@ -73,7 +75,8 @@ def build(spec: dict[str, Any], target: str, records_dir: Path) -> dict[str, Any
     command = [sys.executable, "-m", "edgetune", "build", str(recipe_path), "--target", target,
                "--records-dir", str(records_dir), "--json", str(summary_path)]
     started = time.monotonic()
-    finished = subprocess.run(command, capture_output=True, text=True)
+    env = None if checkout is None else {**os.environ, "PYTHONPATH": str(checkout.resolve())}
+    finished = subprocess.run(command, capture_output=True, text=True, env=env)
     wall_s = time.monotonic() - started
     if finished.returncode != 0 or not summary_path.exists():
         raise SystemExit(f"edgetune build failed ({finished.returncode}):\n{finished.stdout[-3000:]}{finished.stderr[-3000:]}")
