@@ -117,3 +117,14 @@ def test_a_task_whose_schedules_are_all_measured_is_not_searched_again(tmp_path:
     assert 0 < outcome.trials_measured < 8  # fewer than the first pass asked for
     assert visits == ["tiny_elementwise"]  # no round after that
     assert [entry["measured"] for entry in store.read_log()] == [outcome.trials_measured]  # no empty batches
+
+
+def test_the_in_model_comparison_gets_the_ranks_that_fit_its_share_of_the_budget() -> None:
+    """At 5 minutes, 4 ranks of a ResNet-18 (about 18 s a compile and run) would take 90 s of 300: that time
+    tunes instead; at 10 minutes 4 fit; a model that compiles in a minute compares nothing at 10 minutes."""
+    from edgetune.build.tune import ranks_that_fit
+
+    assert ranks_that_fit(18.0, 300.0) == 1
+    assert ranks_that_fit(18.0, 600.0) == 4
+    assert ranks_that_fit(60.0, 600.0) == 1
+    assert ranks_that_fit(0.0, 60.0) > 64  # instant compiles: the recipe's in_model_candidates bounds it

@@ -87,11 +87,13 @@ def test_a_time_budget_covers_the_whole_target_build(tmp_path) -> None:
     kept, selection = host["kept_for_selection_s"], host["selection"]
     assert 0 < kept <= budget_s / 2  # a compile and run of the model per candidate rank, at most half the budget
     assert host["tuning_s"] <= budget_s - kept + 5  # the last round may overrun by a little (more on a busy machine)
-    assert host["tuning_s"] + selection["seconds"] <= budget_s + 5
+    # the comparison runs when 2 ranks' compiles fit in 15% of the budget (on a slow machine they may not)
+    compared_s = selection["seconds"] if selection else 0.0
+    assert (selection is None) == ("no schedules compared" in run.stdout) == (host["selection_skipped"] is not None)
+    assert host["tuning_s"] + compared_s <= budget_s + 5
     assert host["wall_s"] <= budget_s + 5
     assert host["tuning_stopped_by"][0] == "time_budget"  # 1000 trials do not fit in 18 s
-    assert selection["models_compiled"] >= 1 and "the tuning budget kept" in (tmp_path / "out" / "tiny" /
-                                                                            "report.html").read_text()
+    assert "the tuning budget kept" in (tmp_path / "out" / "tiny" / "report.html").read_text()
 
 
 def test_archive_unpacks_to_checked_manifest_and_a_matching_run_script(built, tmp_path) -> None:

@@ -75,6 +75,16 @@ def test_report_says_what_transfer_and_drafting_contributed(build_dir) -> None:
             f"the learned model, {host['trials_measured']:,} measured") in text
 
 
+def test_report_says_why_schedules_were_not_compared_inside_the_model(build_dir) -> None:
+    summary = json.loads((build_dir / "summary.json").read_text())
+    host = summary["targets"]["host"]
+    host["selection"], host["selection_skipped"] = None, "two compiles and runs of the model do not fit its share"
+    (build_dir / "summary.json").write_text(json.dumps(summary))
+    text = unescape(render_report(build_dir).read_text())
+    assert ("the tuner's best for every kernel (not compared inside the model: two compiles and runs of the model "
+            "do not fit its share") in text
+
+
 @pytest.mark.slow
 def test_rendering_twice_gives_the_same_bytes(build_dir) -> None:
     first = render_report(build_dir).read_bytes()

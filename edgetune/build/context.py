@@ -70,6 +70,9 @@ class TargetBuild:
     finish_reserve_s: float = 0.0
     """Of the budget, what the stages after the in-model comparison are expected to take (final compile,
     timing, package, verify); set once one compile and run of the model was timed (build/tune.py)."""
+    ranks_that_fit: int | None = None
+    """Under a budget, the candidate ranks whose in-model comparison fits its share of the budget; set with
+    `finish_reserve_s` (build/tune.py). None: the recipe's `in_model_candidates`."""
 
     def say(self, message: str) -> None:
         """One progress line under this target's name."""
@@ -92,8 +95,12 @@ class TargetBuild:
 
     @property
     def candidates(self) -> int:
-        """Schedules per kernel compared inside the model: only where the model can be timed here."""
-        return self.recipe.tuning.in_model_candidates if self.device.runs_here else 1
+        """Schedules per kernel compared inside the model: only where the model can be timed here, and under a
+        budget only as many as fit in its share of it."""
+        if not self.device.runs_here:
+            return 1
+        wanted = self.recipe.tuning.in_model_candidates
+        return wanted if self.ranks_that_fit is None else min(wanted, self.ranks_that_fit)
 
     @property
     def budget_s(self) -> float | None:

@@ -160,6 +160,18 @@ _FINISH_RANKS = 2.5
 verify) take about this many compiles and runs of the model: 58 s against 23 s for a ResNet-50."""
 
 
+_COMPARE_SHARE = 0.15
+"""At most this share of a budget goes to comparing schedules inside the model (one compile and run per rank,
+and one for the default schedules). Side by side on ResNet-18 at 5 minutes (benchmarks/variants.py), the
+tuning time that 4 ranks took (about 80 s of 300) made the model faster than the comparison did."""
+
+
+def ranks_that_fit(one_rank_s: float, budget_s: float) -> int:
+    """Candidate ranks whose in-model comparison, with the default schedules' compile, fits _COMPARE_SHARE of
+    the budget (below 2 nothing is compared: the tuner's best is the only candidate)."""
+    return max(1, int(_COMPARE_SHARE * budget_s / max(one_rank_s, 1e-3)) - 1)
+
+
 def _tuning_budget_s(ctx: TargetBuild) -> float | None:
     """What is left of the target's budget when tuning starts: the import and extraction came out of it."""
     left = ctx.budget_left_s()
@@ -183,6 +195,8 @@ def _budget_reserve(ctx: TargetBuild):
         samples = ctx.model.sample_inputs()
         one_rank = rank_seconds(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
                                 tvm.device(ctx.profile.device, 0), ctx.winograd)
+        wanted = ctx.candidates
+        ctx.ranks_that_fit = ranks_that_fit(one_rank, ctx.budget_s)
         compare = (ctx.candidates + 1) * one_rank if ctx.candidates > 1 else 0.0
         finish = _FINISH_RANKS * one_rank
         kept = min(compare + finish, ctx.budget_s / 2)
@@ -190,6 +204,10 @@ def _budget_reserve(ctx: TargetBuild):
         ctx.say(f"one compile and run of the model took {one_rank:.0f} s: the tuning budget keeps {kept:.0f} s, "
                 f"{kept - ctx.finish_reserve_s:.0f} s to compare each kernel's best schedules and its default "
                 f"inside the model and {ctx.finish_reserve_s:.0f} s for the final compile, timing and packaging")
+        if ctx.candidates < wanted:
+            compared = f"{ctx.candidates} best schedules" if ctx.candidates > 1 else "no schedules"
+            ctx.say(f"comparing {wanted} schedules per kernel inside the model would take more than "
+                    f"{_COMPARE_SHARE:.0%} of the budget: {compared} compared, the rest of that time tunes")
         return kept
 
     return reserve

@@ -190,7 +190,8 @@ def _manifest_facts(manifest: Manifest, result: TargetResult) -> dict[str, Any]:
         ],
         "contributions": [_transfer_line(result.transfer, len(result.tasks)),
                           _search_line(tuning.search, result),
-                          _selection_line(result.selection, result.kept_for_selection_s)],
+                          _selection_line(result.selection, result.kept_for_selection_s,
+                                          result.selection_skipped)],
         "tuning": [
             ("this build measured", f"{result.trials_measured} candidates"
                                     + (f" in {result.tuning_s:.0f} s" if result.tuning_s else "")),
@@ -237,8 +238,10 @@ def _transfer_line(transfer: dict[str, Any] | None, tasks: int) -> str:
     return line + "; the guard kept the siblings' model for every task"
 
 
-def _selection_line(selection: dict[str, Any] | None, kept_s: float) -> str:
+def _selection_line(selection: dict[str, Any] | None, kept_s: float, skipped: str | None) -> str:
     """What comparing schedules inside the model changed, from the build summary."""
+    if skipped:
+        return f"schedules: the tuner's best for every kernel (not compared inside the model: {skipped})"
     if selection is None:
         return "schedules: the tuner's best for every kernel (not compared inside the model on this target)"
     if not selection["models_compiled"]:

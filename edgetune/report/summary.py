@@ -56,6 +56,7 @@ class TargetResult(BaseModel):
     records: str | None = None  # the target's record store: relative to the build directory, or absolute
     transfer: dict[str, Any] | None = None  # what its siblings' records contributed (None: no siblings)
     selection: dict[str, Any] | None = None  # schedules compared inside the model (None: not done)
+    selection_skipped: str | None = None  # why the comparison asked for was not done (the budget's share)
     tuning_failed: list[str] = []  # "<task>: <ExcType>: <message>"; kept their best so far
     device: dict[str, Any] | None = None  # arch, via ("local"/"rpc"), emulated, key: fleet.endpoints.device_summary
     error: str | None = None
