@@ -76,7 +76,8 @@ def build(spec: dict[str, Any], target: str, records_dir: Path, checkout: Path |
                "--records-dir", str(records_dir), "--json", str(summary_path)]
     started = time.monotonic()
     env = None if checkout is None else {**os.environ, "PYTHONPATH": str(checkout.resolve())}
-    finished = subprocess.run(command, capture_output=True, text=True, env=env)
+    # run outside any source tree: `python -m` puts the working directory first on the import path
+    finished = subprocess.run(command, capture_output=True, text=True, env=env, cwd=run_dir)
     wall_s = time.monotonic() - started
     if finished.returncode != 0 or not summary_path.exists():
         raise SystemExit(f"edgetune build failed ({finished.returncode}):\n{finished.stdout[-3000:]}{finished.stderr[-3000:]}")
