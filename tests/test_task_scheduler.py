@@ -93,20 +93,3 @@ def test_under_a_budget_a_task_with_sibling_schedules_measures_just_those_first(
 
     assert first_rounds(100.0) == [3, 8]
     assert first_rounds(None) == [16, 16]
-
-
-def test_rounds_after_the_first_pass_shrink_with_what_is_left_of_the_budget() -> None:
-    """Rounds of 64 trials would let one task take most of a short budget: the scheduler would not choose again."""
-    outcomes = [TaskOutcome(f"task{i}", 1, 1e6, 0, 0, None) for i in range(2)]
-    rounds: list[int] = []
-
-    def measure_round(position: int, trials: int, enough: int) -> None:
-        time.sleep(0.01 * trials)
-        outcomes[position].trials_measured += trials
-        rounds.append(trials)
-
-    TaskScheduler(outcomes, 10_000, 2.0, time.monotonic(), measure_round, lambda p: 10.0, lambda: None).run()
-    later = rounds[2:]  # after the first pass (8 trials each)
-    assert later[0] < 64  # a quarter of the ~1.8 s left, at 0.01 s a trial: 46
-    assert all(16 <= trials <= 64 for trials in later[:-1])  # the last one is cut to the budget's end
-    assert later[-2] < later[0] and len(later) >= 6

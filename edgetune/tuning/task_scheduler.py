@@ -28,12 +28,6 @@ _FIRST_PASS_SHARE = 0.4
 gives each of the remaining tasks the trials that fit (at least _SHORT_FIRST_TRIALS): a task left without
 any measured schedule compiles as a naive loop nest on one core (a ResNet-50's 11 such kernels took 1.5 s
 of its 1.57 s), and the analyzer's first drafts are most of what a first round finds."""
-_ROUND_SHARE = 0.25
-_MIN_ROUND_TRIALS = 16
-"""Under a budget, a round after the first pass takes at most this share of what is left of it, at the task's
-pace (but at least _MIN_ROUND_TRIALS, at most MAX_TRIALS_PER_ROUND): in a 5-minute ResNet-18 build a round of 64
-took a minute and a half, two thirds of what the first pass left, so one task got it all and the scheduler
-never chose again."""
 _OBSERVED_SHARE = 0.2  # Ansor's alpha: the last round's observed gain against the optimistic estimate
 _MIN_GAIN = 0.01  # a round that lowers a task's best by less is within this machine's timing noise
 
@@ -131,17 +125,9 @@ class TaskScheduler:
             budget_s -= kept_s
         while (position := next_round(self.outcomes, self.trials_per_task)) is not None:
             outcome = self.outcomes[position]  # once the budget is spent, each is marked skipped in turn
-            self._round(position, min(self._round_trials(outcome, budget_s), self.trials_per_task
-                                      - outcome.trials_before - outcome.trials_measured), budget_s)
+            self._round(position, min(MAX_TRIALS_PER_ROUND, self.trials_per_task - outcome.trials_before
+                                      - outcome.trials_measured), budget_s)
         return kept_s
-
-    def _round_trials(self, outcome: TaskOutcome, budget_s: float) -> int:
-        """A round's trials after the first pass: _ROUND_SHARE of the budget left, at the task's pace so far."""
-        left_s = budget_s - (time.monotonic() - self.started)
-        if outcome.trials_measured == 0 or outcome.tuning_s <= 0 or left_s <= 0:
-            return MAX_TRIALS_PER_ROUND
-        fit = int(_ROUND_SHARE * left_s * outcome.trials_measured / outcome.tuning_s)
-        return max(_MIN_ROUND_TRIALS, min(MAX_TRIALS_PER_ROUND, fit))
 
     @staticmethod
     def _first_trials_that_fit(first_pass: int, spent_s: float, sent: int, tasks_left: int, budget_s: float) -> int:
