@@ -105,14 +105,14 @@ def test_each_round_counts_into_its_own_tasks_counts_and_the_totals_add_up() -> 
 
 
 def test_only_edgetunes_runners_watch_timing_noise() -> None:
+    """(The runner alone: `local_builder_runner` would narrow this process's TVM threads for later tests.)"""
     from tvm.s_tir.meta_schedule.runner import LocalRunner
 
-    from edgetune.tuning.tune import local_builder_runner
+    from edgetune.tuning.local_runner import LocalCandidateRunner
 
-    builder, runner = local_builder_runner(1, "cpu")
+    runner = LocalCandidateRunner()
     try:
         assert isinstance(runner, WatchesTimingNoise)
         assert not isinstance(LocalRunner(), WatchesTimingNoise)
     finally:
-        builder.close()
         runner.close()
