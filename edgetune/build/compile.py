@@ -35,7 +35,7 @@ def compile_stage(ctx: TargetBuild, result: TargetResult, budget_ends: float | N
     if ctx.candidates > 1:
         ctx.say(f"timing each kernel's {ctx.candidates} best schedules and its default inside the model")
         database, untuned_library = _select_in_model(ctx, result, samples, budget_ends)
-    elif ctx.ranks_that_fit is not None and ctx.recipe.tuning.in_model_candidates > 1 and ctx.device.runs_here:
+    elif ctx.comparison_cut_by_budget:
         result.selection_skipped = "two compiles and runs of the model do not fit its share of the budget"
     ctx.say(f"compiling with the tuned records ({ctx.toolchain.cc.name})")
     executable = compile_model(ctx.relax_mod, ctx.tvm_target, database, ctx.winograd, on_skip=lambda why: ctx.say(

@@ -103,6 +103,11 @@ class TargetBuild:
         return wanted if self.ranks_that_fit is None else min(wanted, self.ranks_that_fit)
 
     @property
+    def comparison_cut_by_budget(self) -> bool:
+        """Whether the budget's share left fewer schedules to compare inside the model than the recipe asks for."""
+        return self.device.runs_here and self.candidates < self.recipe.tuning.in_model_candidates
+
+    @property
     def budget_s(self) -> float | None:
         minutes = self.recipe.tuning.time_budget_min
         return minutes * 60 if minutes else None

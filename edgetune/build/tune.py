@@ -195,7 +195,6 @@ def _budget_reserve(ctx: TargetBuild):
         samples = ctx.model.sample_inputs()
         one_rank = rank_seconds(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
                                 tvm.device(ctx.profile.device, 0), ctx.winograd)
-        wanted = ctx.candidates
         ctx.ranks_that_fit = ranks_that_fit(one_rank, ctx.budget_s)
         compare = (ctx.candidates + 1) * one_rank if ctx.candidates > 1 else 0.0
         finish = _FINISH_RANKS * one_rank
@@ -204,10 +203,11 @@ def _budget_reserve(ctx: TargetBuild):
         ctx.say(f"one compile and run of the model took {one_rank:.0f} s: the tuning budget keeps {kept:.0f} s, "
                 f"{kept - ctx.finish_reserve_s:.0f} s to compare each kernel's best schedules and its default "
                 f"inside the model and {ctx.finish_reserve_s:.0f} s for the final compile, timing and packaging")
-        if ctx.candidates < wanted:
+        if ctx.comparison_cut_by_budget:
             compared = f"{ctx.candidates} best schedules" if ctx.candidates > 1 else "no schedules"
-            ctx.say(f"comparing {wanted} schedules per kernel inside the model would take more than "
-                    f"{_COMPARE_SHARE:.0%} of the budget: {compared} compared, the rest of that time tunes")
+            ctx.say(f"comparing {ctx.recipe.tuning.in_model_candidates} schedules per kernel inside the model "
+                    f"would take more than {_COMPARE_SHARE:.0%} of the budget: {compared} compared, the rest of "
+                    "that time tunes")
         return kept
 
     return reserve
