@@ -40,3 +40,23 @@ def test_a_cpu_kernel_is_timed_with_its_weights_out_of_the_cache() -> None:
 def test_gpu_kernels_keep_metaschedules_timing() -> None:
     assert timing("cuda").enable_cpu_cache_flush is False
     assert timing("cuda").number == EvaluatorConfig().number
+
+
+def test_the_model_and_the_reference_take_turns_round_by_round() -> None:
+    from edgetune.build.measure import alternating_medians
+
+    calls: list[str] = []
+    ours_ms = iter([10.0, 13.5, 10.2])  # the second round of ours ran beside a burst of other work
+    reference_ms = iter([12.0, 12.1, 11.9])
+
+    def time_ours() -> float:
+        calls.append("ours")
+        return next(ours_ms)
+
+    def time_reference() -> float:
+        calls.append("reference")
+        return next(reference_ms)
+
+    ours, reference = alternating_medians(time_ours, time_reference, rounds=3)
+    assert calls == ["ours", "reference", "reference", "ours", "ours", "reference"]
+    assert ours == [10.0, 13.5, 10.2] and reference == [12.0, 12.1, 11.9]

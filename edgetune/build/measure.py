@@ -11,6 +11,11 @@ import numpy as np
 
 from edgetune.build.context import TargetBuild
 
+TIMING_ROUNDS = 3
+"""Rounds of timing of the tuned model and the reference on this machine (alternating_medians)."""
+SPREAD_NOTED = 1.1
+"""Rounds further apart than this (slowest / fastest) are reported."""
+
 
 @dataclass(frozen=True)
 class Latency:
@@ -39,9 +44,40 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
         ctx.say(f"timing tuned and untuned on the device ({device.where})")
     inputs = ctx.sample_list(samples)
     untuned = untuned or _untuned_library(ctx, device.export_function())
-    tuned_ms, untuned_ms = device.latency_ms(library, inputs), device.latency_ms(untuned, inputs)
-    reference_ms = ctx.reference.time(samples, threads=ctx.profile.hardware.cores or 1) if device.runs_here else None
-    return Latency(tuned=tuned_ms, untuned=untuned_ms, reference=reference_ms, measured_on=device.where)
+    if device.runs_here:
+        threads = ctx.profile.hardware.cores or 1
+        tuned_ms, reference_ms = alternating_medians(lambda: device.latency_ms(library, inputs),
+                                                     lambda: ctx.reference.time(samples, threads=threads))
+        _say_spread(ctx, "tuned model", tuned_ms)
+        _say_spread(ctx, ctx.reference.display_name, reference_ms)
+    else:
+        tuned_ms, reference_ms = [device.latency_ms(library, inputs)], None
+    return Latency(tuned=float(np.median(tuned_ms)), untuned=device.latency_ms(untuned, inputs),
+                   reference=float(np.median(reference_ms)) if reference_ms else None, measured_on=device.where)
+
+
+def alternating_medians(time_ours: Callable[[], float], time_reference: Callable[[], float],
+                        rounds: int = TIMING_ROUNDS) -> tuple[list[float], list[float]]:
+    """Each side's timing `rounds` times, taking turns: a burst of other work on the machine (seen here to
+    slow one second of timing by up to a quarter) then lands in one round of one side, and the medians
+    over rounds leave it out. The two sides share the machine's state, round by round."""
+    ours: list[float] = []
+    reference: list[float] = []
+    for index in range(rounds):
+        if index % 2 == 0:
+            ours.append(time_ours())
+            reference.append(time_reference())
+        else:
+            reference.append(time_reference())
+            ours.append(time_ours())
+    return ours, reference
+
+
+def _say_spread(ctx: TargetBuild, what: str, rounds_ms: list[float]) -> None:
+    """The rounds that disagree, so that a reader knows the machine was disturbed while timing."""
+    if len(rounds_ms) > 1 and max(rounds_ms) > SPREAD_NOTED * min(rounds_ms):
+        ctx.say(f"timing rounds of the {what} ranged {min(rounds_ms):.3f}-{max(rounds_ms):.3f} ms (other work "
+                f"on the machine): the median, {float(np.median(rounds_ms)):.3f} ms, is reported")
 
 
 def _untuned_library(ctx: TargetBuild, cross_compiler: Callable | None) -> Path:

@@ -155,7 +155,7 @@ def _transfer_summary(tuning: TuningResult, sibling_stores: dict, mode: str) -> 
     }
 
 
-_FINISH_RANKS = 2.5
+_FINISH_RANKS = 3.0
 """The stages after the in-model comparison (final compile; timing tuned, untuned and reference; package;
 verify) take about this many compiles and runs of the model: 58 s against 23 s for a ResNet-50."""
 
