@@ -336,3 +336,30 @@ def test_variadic_ops_become_chains_of_two_input_ops_with_the_same_output() -> N
     assert notes == ["wrote 3 n-ary Sum/Max/Min/Mean nodes as chains of two-input ops"]
     feeds = {"x": np.random.default_rng(0).standard_normal([1, 4, 2, 2]).astype(np.float32)}
     np.testing.assert_allclose(_ort(rewritten, feeds)[0], _ort(model, feeds)[0], rtol=1e-6)
+
+
+def test_weights_read_through_identity_nodes_still_fold_into_the_convolution() -> None:
+    """PyTorch's exporter without constant folding reads each weight through an Identity (a chain of two here):
+    they become weights, so BatchNorm folds and Conv + ReLU stay one kernel, with the same output."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgetune.frontend.simplify import simplify_for_inference
+
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal([8, 3, 3, 3]), "scale": rng.uniform(0.5, 2, 8),
+               "shift": rng.standard_normal(8), "mean": rng.standard_normal(8), "var": rng.uniform(0.5, 2, 8)}
+    initializers = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
+    nodes = [helper.make_node("Identity", ["w"], ["w.1"]), helper.make_node("Identity", ["w.1"], ["w.2"])]
+    nodes += [helper.make_node("Identity", [k], [f"{k}.1"]) for k in ("scale", "shift", "mean", "var")]
+    nodes += [helper.make_node("Conv", ["x", "w.2"], ["c"], pads=[1, 1, 1, 1]),
+              helper.make_node("BatchNormalization", ["c", "scale.1", "shift.1", "mean.1", "var.1"], ["b"]),
+              helper.make_node("Relu", ["b"], ["y"])]
+    graph = helper.make_graph(nodes, "identities", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    rewritten, notes = simplify_for_inference(model)
+    assert [n.op_type for n in rewritten.graph.node] == ["Conv", "Relu"]
+    assert notes[0].startswith("6 Identity nodes over weights became weights")
+    assert any("folded 1 BatchNormalization node" in n for n in notes)
+    feeds = {"x": rng.standard_normal([1, 3, 8, 8]).astype(np.float32)}
+    np.testing.assert_allclose(_ort(rewritten, feeds)[0], _ort(model, feeds)[0], rtol=1e-5, atol=1e-5)

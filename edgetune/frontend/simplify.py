@@ -38,6 +38,10 @@ def simplify_for_inference(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, lis
         notes.append(f"{listed} weights were also listed as graph inputs (an old exporter's habit): "
                      "they stay weights, not inputs of the artifact")
     _constants_to_initializers(graph)
+    aliased = _aliases_to_initializers(graph)
+    if aliased:
+        notes.append(f"{_nodes(aliased, 'Identity')} over weights became weights (an exporter without constant "
+                     "folding), so the rewrites below can read them")
     counts = {
         "Dropout": _remove_dropouts(graph),
         "n-ary": _split_variadic(graph),
@@ -102,6 +106,29 @@ def _constants_to_initializers(graph: onnx.GraphProto) -> None:
         tensor.name = node.output[0]
         graph.initializer.append(tensor)
         del graph.node[index]
+
+
+def _aliases_to_initializers(graph: onnx.GraphProto) -> int:
+    """An Identity whose input is an initializer becomes a copy of that initializer under its output's name:
+    PyTorch's exporter without constant folding reads every weight through one, and BatchNorm then neither
+    folds into its convolution nor lets the ReLU after it join the convolution's kernel. A graph output keeps
+    its node. Nodes come in topological order, so a chain of them resolves in the one pass."""
+    outputs = {o.name for o in graph.output}
+    weights = {t.name: t for t in graph.initializer}
+    aliases = []
+    for index, node in enumerate(graph.node):
+        if (node.op_type != "Identity" or node.domain not in ("", "ai.onnx") or node.input[0] not in weights
+                or node.output[0] in outputs or node.output[0] in weights):
+            continue
+        alias = onnx.TensorProto()
+        alias.CopyFrom(weights[node.input[0]])
+        alias.name = node.output[0]
+        graph.initializer.append(alias)
+        weights[alias.name] = alias
+        aliases.append(index)
+    for index in reversed(aliases):
+        del graph.node[index]
+    return len(aliases)
 
 
 def _remove_dropouts(graph: onnx.GraphProto) -> int:
