@@ -1,10 +1,13 @@
 """Export networks nobody here designed, with PyTorch's own ONNX exporter, for benchmarks/models.py.
 
-    python benchmarks/export_models.py --out /tmp/models      # resnet50.onnx, encoder.onnx
+    python benchmarks/export_models.py --out /tmp/models      # resnet50.onnx, googlenet.onnx, encoder.onnx
 
 - resnet50: torchvision's ResNet-50 architecture written out here (torchvision is not installed), random
   weights, eval mode, BatchNorm left in the graph for edgetune to fold, exported by the TorchScript exporter
   at opset 13 with a symbolic batch dimension (the recipe gives `input_shapes`).
+- googlenet: torchvision's GoogLeNet (Inception v1: four-branch blocks concatenated, 3x3 max pools with
+  ceil_mode, no auxiliary heads) written out here, random weights, eval mode, BatchNorm and Dropout left in,
+  exported at opset 11 with a fixed input shape.
 - encoder: int64 token ids -> embedding -> 2-layer nn.TransformerEncoder (4 heads, 256 wide, Dropout left in,
   LayerNorm) -> mean over tokens -> classifier, sequence length 128, opset 17.
 """
@@ -61,6 +64,47 @@ class ResNet50(nn.Module):
         return self.fc(torch.flatten(self.pool(self.layers(self.stem(x))), 1))
 
 
+def conv_bn_relu(inputs: int, outputs: int, kernel: int, stride: int = 1, padding: int = 0) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(inputs, outputs, kernel, stride, padding, bias=False),
+                         nn.BatchNorm2d(outputs, eps=0.001), nn.ReLU(inplace=True))
+
+
+class InceptionBlock(nn.Module):
+    def __init__(self, inputs: int, b1: int, b2_reduce: int, b2: int, b3_reduce: int, b3: int, pool: int):
+        super().__init__()
+        self.branch1 = conv_bn_relu(inputs, b1, 1)
+        self.branch2 = nn.Sequential(conv_bn_relu(inputs, b2_reduce, 1), conv_bn_relu(b2_reduce, b2, 3, padding=1))
+        self.branch3 = nn.Sequential(conv_bn_relu(inputs, b3_reduce, 1), conv_bn_relu(b3_reduce, b3, 3, padding=1))
+        self.branch4 = nn.Sequential(nn.MaxPool2d(3, 1, 1, ceil_mode=True), conv_bn_relu(inputs, pool, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.branch1(x), self.branch2(x), self.branch3(x), self.branch4(x)], 1)
+
+
+class GoogLeNet(nn.Module):
+    BLOCKS = {"3a": (192, 64, 96, 128, 16, 32, 32), "3b": (256, 128, 128, 192, 32, 96, 64),
+              "4a": (480, 192, 96, 208, 16, 48, 64), "4b": (512, 160, 112, 224, 24, 64, 64),
+              "4c": (512, 128, 128, 256, 24, 64, 64), "4d": (512, 112, 144, 288, 32, 64, 64),
+              "4e": (528, 256, 160, 320, 32, 128, 128), "5a": (832, 256, 160, 320, 32, 128, 128),
+              "5b": (832, 384, 192, 384, 48, 128, 128)}
+
+    def __init__(self, classes: int = 1000):
+        super().__init__()
+        self.stem = nn.Sequential(conv_bn_relu(3, 64, 7, 2, 3), nn.MaxPool2d(3, 2, ceil_mode=True),
+                                  conv_bn_relu(64, 64, 1), conv_bn_relu(64, 192, 3, padding=1),
+                                  nn.MaxPool2d(3, 2, ceil_mode=True))
+        stages = []
+        for name, sizes in self.BLOCKS.items():
+            stages.append(InceptionBlock(*sizes))
+            if name in ("3b", "4e"):
+                stages.append(nn.MaxPool2d(3 if name == "3b" else 2, 2, ceil_mode=True))
+        self.blocks = nn.Sequential(*stages)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2), nn.Linear(1024, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)))
+
+
 class Encoder(nn.Module):
     def __init__(self, vocabulary: int = 8000, width: int = 256, classes: int = 4):
         super().__init__()
@@ -83,10 +127,14 @@ def main() -> None:
     torch.onnx.export(resnet, (torch.randn(1, 3, 224, 224),), str(args.out / "resnet50.onnx"), dynamo=False,
                       opset_version=13, input_names=["images"], output_names=["logits"],
                       dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})
+    googlenet = GoogLeNet().eval()
+    torch.onnx.export(googlenet, (torch.randn(1, 3, 224, 224),), str(args.out / "googlenet.onnx"), dynamo=False,
+                      opset_version=11, input_names=["image"], output_names=["logits"],
+                      do_constant_folding=False)
     encoder = Encoder().eval()
     torch.onnx.export(encoder, (torch.randint(0, 8000, (1, 128)),), str(args.out / "encoder.onnx"), dynamo=False,
                       opset_version=17, input_names=["tokens"], output_names=["logits"])
-    print(f"wrote {args.out / 'resnet50.onnx'} and {args.out / 'encoder.onnx'}")
+    print(f"wrote {', '.join(str(args.out / n) for n in ('resnet50.onnx', 'googlenet.onnx', 'encoder.onnx'))}")
 
 
 if __name__ == "__main__":

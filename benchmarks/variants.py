@@ -4,7 +4,8 @@
     python benchmarks/variants.py --variant before:/tmp/edgetune-before --variant after:. --budget-min 5
 
 A variant is NAME[:CHECKOUT[:KEY=VALUE,...]]: CHECKOUT is a source tree of edgetune to build with (left
-empty: the installed one), KEY=VALUE are `tuning` settings of the recipe (integers, floats or words).
+empty: the installed one), KEY=VALUE are `tuning` settings of the recipe (integers, floats or words), or,
+as `hardware.KEY=VALUE`, overrides of the host profile's hardware (`hardware.memory_bandwidth_gbs=40`).
 Every variant builds the zoo model for this machine (host profile, 2 cores) with draft-verify under the
 same budget, for each seed, the order rotating, each as the `edgetune build` command in its own process
 with a fresh record store. Then all artifacts and ONNX Runtime are timed interleaved on the idle machine.
@@ -35,6 +36,7 @@ class Variant:
     name: str
     checkout: Path | None = None
     tuning: dict[str, Any] = field(default_factory=dict)
+    hardware: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_variant(text: str) -> Variant:
@@ -46,12 +48,16 @@ def parse_variant(text: str) -> Variant:
     if checkout and not (Path(checkout) / "edgetune" / "__init__.py").is_file():
         raise argparse.ArgumentTypeError(f"{checkout!r} is not a source tree of edgetune")
     tuning: dict[str, Any] = {}
+    hardware: dict[str, Any] = {}
     for setting in filter(None, settings.split(",")):
         key, equals, value = setting.partition("=")
         if not equals:
             raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {setting!r}")
-        tuning[key] = _value(value)
-    return Variant(name, Path(checkout) if checkout else None, tuning)
+        if key.startswith("hardware."):
+            hardware[key.removeprefix("hardware.")] = _value(value)
+        else:
+            tuning[key] = _value(value)
+    return Variant(name, Path(checkout) if checkout else None, tuning, hardware)
 
 
 def _value(text: str) -> Any:
@@ -83,6 +89,8 @@ def main() -> int:
                 run_dir = Path(scratch) / f"{variant.name}-{seed}"
                 spec = recipe(args.model, args.budget_min, "draft-verify", seed, False, run_dir / "out")
                 spec["tuning"].update(variant.tuning)
+                host = next(t for t in spec["fleet"] if t["name"] == "host")
+                host["overrides"]["hardware"].update(variant.hardware)
                 print(f"seed {seed}: {variant.name}", flush=True)
                 done = build(spec, "host", run_dir / "records", variant.checkout)
                 rows.append({"variant": variant.name, "seed": seed, **done})
