@@ -58,9 +58,9 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
 
 def alternating_medians(time_ours: Callable[[], float], time_reference: Callable[[], float],
                         rounds: int = TIMING_ROUNDS) -> tuple[list[float], list[float]]:
-    """Each side's timing `rounds` times, taking turns: a burst of other work on the machine (seen here to
-    slow one second of timing by up to a quarter) then lands in one round of one side, and the medians
-    over rounds leave it out. The two sides share the machine's state, round by round."""
+    """Each side's timing `rounds` times, taking turns: a slow window (one second of a ResNet-50's timing
+    once came out a quarter slow in its build) then falls in one round of one side, and the medians over
+    rounds leave it out. The two sides share the machine's state, round by round."""
     ours: list[float] = []
     reference: list[float] = []
     for index in range(rounds):
