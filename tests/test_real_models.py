@@ -340,7 +340,7 @@ def test_variadic_ops_become_chains_of_two_input_ops_with_the_same_output() -> N
 
 def test_weights_read_through_identity_nodes_still_fold_into_the_convolution() -> None:
     """PyTorch's exporter without constant folding reads each weight through an Identity (a chain of two here):
-    they become weights, so BatchNorm folds and Conv + ReLU stay one kernel, with the same output."""
+    their readers read the weights, so BatchNorm folds and Conv + ReLU stay one kernel, with the same output."""
     from onnx import TensorProto, helper, numpy_helper
 
     from edgetune.frontend.simplify import simplify_for_inference
@@ -359,7 +359,35 @@ def test_weights_read_through_identity_nodes_still_fold_into_the_convolution() -
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
     rewritten, notes = simplify_for_inference(model)
     assert [n.op_type for n in rewritten.graph.node] == ["Conv", "Relu"]
-    assert notes[0].startswith("6 Identity nodes over weights became weights")
+    assert notes[0].startswith("bypassed 6 Identity nodes over weights")
     assert any("folded 1 BatchNormalization node" in n for n in notes)
     feeds = {"x": rng.standard_normal([1, 3, 8, 8]).astype(np.float32)}
     np.testing.assert_allclose(_ort(rewritten, feeds)[0], _ort(model, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_many_identity_nodes_over_one_weight_copy_nothing_and_a_subgraph_keeps_its_name() -> None:
+    """A thousand Identity nodes over one weight add no weight (nothing an input controls multiplies the bytes);
+    an Identity whose output a subgraph reads stays, so the subgraph still finds it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgetune.frontend.simplify import simplify_for_inference
+
+    weight = numpy_helper.from_array(np.ones([4], np.float32), "w")
+    nodes = [helper.make_node("Identity", ["w"], [f"w.{i}"]) for i in range(1000)]
+    nodes.append(helper.make_node("Sum", [f"w.{i}" for i in range(1000)], ["summed"]))
+    nodes.append(helper.make_node("Identity", ["w"], ["w.sub"]))
+    branch = helper.make_graph([helper.make_node("Add", ["x", "w.sub"], ["branch_out"])], "branch", [],
+                               [helper.make_tensor_value_info("branch_out", TensorProto.FLOAT, [4])])
+    nodes.append(helper.make_node("If", ["flag"], ["picked"], then_branch=branch, else_branch=branch))
+    nodes.append(helper.make_node("Add", ["summed", "picked"], ["y"]))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+              helper.make_tensor_value_info("flag", TensorProto.BOOL, [])]
+    graph = helper.make_graph(nodes, "aliases", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+                              [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    rewritten, notes = simplify_for_inference(model)
+    assert len(rewritten.graph.initializer) == 1
+    assert notes[0].startswith("bypassed 1000 Identity nodes over weights")
+    assert [n.output[0] for n in rewritten.graph.node if n.op_type == "Identity"] == ["w.sub"]
+    feeds = {"x": np.arange(4, dtype=np.float32), "flag": np.array(True)}
+    np.testing.assert_allclose(_ort(rewritten, feeds)[0], _ort(model, feeds)[0])

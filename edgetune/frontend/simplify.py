@@ -40,8 +40,8 @@ def simplify_for_inference(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, lis
     _constants_to_initializers(graph)
     aliased = _aliases_to_initializers(graph)
     if aliased:
-        notes.append(f"{_nodes(aliased, 'Identity')} over weights became weights (an exporter without constant "
-                     "folding), so the rewrites below can read them")
+        notes.append(f"bypassed {_nodes(aliased, 'Identity')} over weights (an exporter without constant folding): "
+                     "their readers read the weights, so the rewrites below can fold them")
     counts = {
         "Dropout": _remove_dropouts(graph),
         "n-ary": _split_variadic(graph),
@@ -109,26 +109,42 @@ def _constants_to_initializers(graph: onnx.GraphProto) -> None:
 
 
 def _aliases_to_initializers(graph: onnx.GraphProto) -> int:
-    """An Identity whose input is an initializer becomes a copy of that initializer under its output's name:
-    PyTorch's exporter without constant folding reads every weight through one, and BatchNorm then neither
-    folds into its convolution nor lets the ReLU after it join the convolution's kernel. A graph output keeps
-    its node. Nodes come in topological order, so a chain of them resolves in the one pass."""
-    outputs = {o.name for o in graph.output}
-    weights = {t.name: t for t in graph.initializer}
-    aliases = []
+    """An Identity whose input is a weight (an initializer, or another such Identity) is removed and its readers
+    read the weight: PyTorch's exporter without constant folding reads every weight through one, and BatchNorm
+    then neither folds into its convolution nor lets the ReLU after it join the convolution's kernel. Nothing
+    is copied, however many Identity nodes a weight has. A graph output, or a name a subgraph reads, keeps its
+    node. Nodes come in topological order, so a chain of them resolves in the one pass."""
+    keep = {o.name for o in graph.output} | _names_read_in_subgraphs(graph)
+    weights = {t.name for t in graph.initializer}
+    source: dict[str, str] = {}
+    removed = []
     for index, node in enumerate(graph.node):
-        if (node.op_type != "Identity" or node.domain not in ("", "ai.onnx") or node.input[0] not in weights
-                or node.output[0] in outputs or node.output[0] in weights):
-            continue
-        alias = onnx.TensorProto()
-        alias.CopyFrom(weights[node.input[0]])
-        alias.name = node.output[0]
-        graph.initializer.append(alias)
-        weights[alias.name] = alias
-        aliases.append(index)
-    for index in reversed(aliases):
+        for position, name in enumerate(node.input):
+            if name in source:
+                node.input[position] = source[name]
+        if (node.op_type == "Identity" and node.domain in ("", "ai.onnx") and node.input[0] in weights
+                and node.output[0] not in keep and node.output[0] not in weights):
+            source[node.output[0]] = node.input[0]
+            removed.append(index)
+    for index in reversed(removed):
         del graph.node[index]
-    return len(aliases)
+    return len(removed)
+
+
+def _names_read_in_subgraphs(graph: onnx.GraphProto) -> set[str]:
+    """Every value name a node inside a subgraph (If, Loop, Scan bodies, at any depth) reads."""
+    names: set[str] = set()
+    pending = [sub for node in graph.node for sub in _subgraphs(node)]
+    while pending:
+        sub = pending.pop()
+        for node in sub.node:
+            names.update(node.input)
+            pending.extend(_subgraphs(node))
+    return names
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    return [sub for a in node.attribute for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
 
 
 def _remove_dropouts(graph: onnx.GraphProto) -> int:
