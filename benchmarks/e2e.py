@@ -40,7 +40,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import interleaved_rounds
+from timing import interleaved_rounds, kernel_calls
 
 
 def recipe_text(name: str, model: str, threads: int, trials: int, budget_min: float | None, search: str,
@@ -140,21 +140,9 @@ def kernel_profile(vm, args: list, runs: int) -> list[dict[str, Any]]:
     """Wall time per kernel (VM call) per inference, heaviest first: where the model's time goes."""
     totals: dict[str, float] = {}
     calls: dict[str, int] = {}
-    started: list[float] = []
-
-    def instrument(func, symbol, before_run, ret_value, *call_args) -> int:
-        if before_run:
-            started.append(time.perf_counter())
-        else:
-            totals[symbol] = totals.get(symbol, 0.0) + time.perf_counter() - started.pop()
-            calls[symbol] = calls.get(symbol, 0) + 1
-        return 0  # VMInstrumentReturnKind.NO_OP
-
-    vm["main"](*args)  # untimed: the first call's one-time costs showed as 0.41 ms of a 0.03 ms kernel
-    vm.set_instrument(instrument)
-    for _ in range(runs):
-        vm["main"](*args)
-    vm.set_instrument(None)
+    for symbol, _, seconds in kernel_calls(vm, args, runs):
+        totals[symbol] = totals.get(symbol, 0.0) + seconds
+        calls[symbol] = calls.get(symbol, 0) + 1
     whole = sum(totals.values())
     return [{"kernel": k, "ms": v / runs * 1e3, "calls": calls[k] // runs, "share": v / whole}
             for k, v in sorted(totals.items(), key=lambda kv: -kv[1])]

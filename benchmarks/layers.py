@@ -23,7 +23,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import interleaved_rounds
+from timing import interleaved_rounds, kernel_calls
 
 
 @dataclass
@@ -58,26 +57,12 @@ def shape_key(shape: tuple[int, ...], channels_last: bool) -> str:
 def artifact_layers(vm, args: list, runs: int) -> dict[str, Layer]:
     """Each kernel call's wall time, grouped by the shape of its output (the last argument)."""
     layers: dict[str, Layer] = defaultdict(Layer)
-    started: list[float] = []
-
-    def instrument(func, symbol, before_run, ret_value, *call_args) -> int:
-        if before_run:
-            started.append(time.perf_counter())
-            return 0
-        seconds = time.perf_counter() - started.pop()
-        out = call_args[-1] if call_args else None
+    for symbol, out, seconds in kernel_calls(vm, args, runs):
         key = shape_key(tuple(int(d) for d in out.shape), True) if hasattr(out, "shape") else "(no tensor)"
         layer = layers[key]
         layer.ms += seconds * 1e3 / runs
         layer.calls += 1
-        layer.names.add(str(symbol))
-        return 0
-
-    vm["main"](*args)  # untimed first call: one-time costs
-    vm.set_instrument(instrument)
-    for _ in range(runs):
-        vm["main"](*args)
-    vm.set_instrument(None)
+        layer.names.add(symbol)
     for layer in layers.values():
         layer.calls //= runs
     return dict(layers)

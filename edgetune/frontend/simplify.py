@@ -38,9 +38,9 @@ def simplify_for_inference(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, lis
         notes.append(f"{listed} weights were also listed as graph inputs (an old exporter's habit): "
                      "they stay weights, not inputs of the artifact")
     _constants_to_initializers(graph)
-    aliased = _aliases_to_initializers(graph)
-    if aliased:
-        notes.append(f"bypassed {_nodes(aliased, 'Identity')} over weights (an exporter without constant folding): "
+    bypassed = _bypass_weight_identities(graph)
+    if bypassed:
+        notes.append(f"bypassed {_nodes(bypassed, 'Identity')} over weights (an exporter without constant folding): "
                      "their readers read the weights, so the rewrites below can fold them")
     counts = {
         "Dropout": _remove_dropouts(graph),
@@ -108,7 +108,7 @@ def _constants_to_initializers(graph: onnx.GraphProto) -> None:
         del graph.node[index]
 
 
-def _aliases_to_initializers(graph: onnx.GraphProto) -> int:
+def _bypass_weight_identities(graph: onnx.GraphProto) -> int:
     """An Identity whose input is a weight (an initializer, or another such Identity) is removed and its readers
     read the weight: PyTorch's exporter without constant folding reads every weight through one, and BatchNorm
     then neither folds into its convolution nor lets the ReLU after it join the convolution's kernel. Nothing
