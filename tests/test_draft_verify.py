@@ -17,6 +17,8 @@ from edgetune.tuning.analyzer import SpaceModel
 from edgetune.tuning.cost_model.ranking import RankingCostModel
 from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.search_strategy.draft_verify import (
+    FALLBACK_PER_TRIAL,
+    FIRST_BATCHES,
     LEARNED_FROM,
     UNLEARNED_VERIFY_PER_TRIAL,
     DraftVerifySearch,
@@ -340,3 +342,28 @@ def test_draft_verify_proposes_candidates_for_every_task_of_every_op_kind(tmp_pa
     unread = [name for name, reason in fallbacks.items() if reason and reason.startswith("analyzer cannot read")]
     assert any("transpose" in name for name in no_decision) and any("softmax" in name for name in unread)
     assert fallbacks[next(t.name for t in tasks if t.name.startswith("conv2d"))] is None  # a readable space
+
+
+def test_a_space_drafted_by_tvm_sampling_replays_a_few_candidates_per_trial_and_pools_the_rest():
+    """Each candidate drafted by TVM's sampling is a replay with the postprocessors (a quarter of a ResNet-18
+    build went there): a batch replays about FALLBACK_PER_TRIAL per candidate, and the drafts it did not
+    measure stay in the space's pool for the next batch, which never measures a program twice."""
+    from tvm import topi
+
+    data = te.placeholder((64, 1000), name="data")
+    mod = tvm.IRModule({"main": te.create_prim_func([data, topi.nn.softmax(data)])})
+    strategy = started_search(mod, trials=64, per_iter=32)
+    spaces = len(strategy.spaces)
+    assert spaces and all(space.model is None for space in strategy.spaces)  # softmax: drafted by TVM's sampling
+    seen: set[int] = set()
+    for size in FIRST_BATCHES:
+        explored = strategy.counts.explored
+        batch = strategy.generate_measure_candidates()
+        assert len(batch) == size
+        assert strategy.counts.explored - explored <= spaces * max(8, -(-FALLBACK_PER_TRIAL * size // spaces))
+        hashes = {tvm_ffi.structural_hash(c.sch.mod) for c in batch}
+        assert len(hashes) == size and not hashes & seen
+        seen |= hashes
+        strategy.notify_runner_results(batch, measured_fine(batch))
+        pooled = [draft for space in strategy.spaces for draft in space.pool]
+        assert pooled and not any(draft.key in strategy.measured for draft in pooled)  # left for the next batch

@@ -39,6 +39,8 @@ def test_report_holds_the_summary_figures_and_embeds_its_images(build_dir) -> No
         assert task["name"] in html
         assert f"{task['trials']} ({task['trials_measured_now']})" in html
         assert f"{task['best_us']:.1f}" in html
+        assert task["tuning_s"] >= 0 and f"<td class=\"num\">{task['tuning_s']:.1f}</td>" in html
+    assert sum(task["tuning_s"] for task in host["tasks"]) <= host["tuning_s"] + 0.5  # the rounds are within the tuning
     assert f"{host['trials_total']} ({host['trials_measured']})" in html
     assert "transfer: none (no sibling device in this fleet" in html
     assert "search: draft-verify, in this build: " in html and f"{host['trials_measured']:,} measured" in html

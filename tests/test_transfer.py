@@ -18,6 +18,7 @@ from edgetune.tuning.cost_model.transfer import TransferCostModel, spearman
 from edgetune.tuning.database.exchange import export_stores, import_stores
 from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.transfer.siblings import SiblingRecords, TransferStats
+from edgetune.tuning.tune import TuningPlan, tune
 
 FLEET = """\
 name: fleet
@@ -168,40 +169,66 @@ def test_guard_sets_a_misleading_sibling_aside():
     assert not model.trusted("task") and stats.distrusted == {"conv"}
 
 
-@pytest.mark.slow
-def test_first_batch_with_a_siblings_records_beats_a_scratch_first_batch(tmp_path):
-    """A real sibling (this CPU's records of a conv2d, tuned with 24 trials) warm-starts a second
-    device: the first batch measured with transfer is faster than the first batch from scratch."""
+@pytest.fixture(scope="module")
+def conv_sibling(tmp_path_factory):
+    """A conv2d task and a real sibling: this CPU's records of it, tuned with 24 trials."""
     import tvm
     from tvm import te, topi
     from tvm.s_tir.analysis import estimate_tir_flops
 
     from edgetune.profiles import load_profile
     from edgetune.tuning.tasks import TuningTask
-    from edgetune.tuning.transfer.siblings import load_sibling_records
-    from edgetune.tuning.tune import TuningPlan, tune
 
     data = te.placeholder((1, 64, 28, 28), name="data")
     weight = te.placeholder((64, 64, 3, 3), name="weight")
     mod = tvm.IRModule({"main": te.create_prim_func([data, weight, topi.nn.conv2d_nchw(data, weight, 1, 1, 1)])})
     task = TuningTask("conv", mod, 1, float(estimate_tir_flops(mod)))
     profile = load_profile("host")
+    sibling = RecordStore(tmp_path_factory.mktemp("sibling"))
+    tune([task], profile.tvm_target(), sibling, _plan(profile, 24, "draft-verify"))
+    return task, profile, sibling
+
+
+def _plan(profile, trials: int, search: str, siblings=None, budget_s: float | None = None) -> TuningPlan:
+    return TuningPlan(trials, budget_s, search, 0, profile.hardware.cores, profile.hardware, "cpu", profile.isa,
+                      siblings=siblings)
+
+
+@pytest.mark.slow
+def test_first_batch_with_a_siblings_records_beats_a_scratch_first_batch(tmp_path, conv_sibling):
+    """The sibling's records warm-start a second device: the first batch measured with transfer is faster
+    than the first batch from scratch."""
+    from edgetune.tuning.transfer.siblings import load_sibling_records
+
+    task, profile, sibling = conv_sibling
     target = profile.tvm_target()
-
-    def plan(trials: int, search: str, siblings=None) -> TuningPlan:
-        return TuningPlan(trials, None, search, 0, profile.hardware.cores, profile.hardware, "cpu", profile.isa,
-                          siblings=siblings)
-
-    sibling = RecordStore(tmp_path / "sibling")
-    tune([task], target, sibling, plan(24, "draft-verify"))
     scratch, warm = RecordStore(tmp_path / "scratch"), RecordStore(tmp_path / "warm")
-    tune([task], target, scratch, plan(4, "evolutionary"))  # one batch each: the first batches are compared
+    tune([task], target, scratch, _plan(profile, 4, "evolutionary"))  # one batch each: the first batches are compared
     siblings = load_sibling_records({"sibling": sibling}, [task], target, 2)
-    result = tune([task], target, warm, plan(4, "evolutionary", siblings))
+    result = tune([task], target, warm, _plan(profile, 4, "evolutionary", siblings))
     first_scratch, first_warm = scratch.read_log()[0], warm.read_log()[0]
     assert result.transfer is not None and result.transfer.seeds_measured == first_warm["measured"] == 4
     assert first_warm["batch_best_us"] < first_scratch["batch_best_us"], (first_warm, first_scratch)
     assert warm.measured(task) == 4  # the seeds count against the budget: nothing is measured beyond them
+
+
+@pytest.mark.slow
+def test_under_a_budget_the_best_sibling_schedule_comes_first_and_the_rest_open_the_next_round(tmp_path,
+                                                                                              conv_sibling):
+    """The first pass measures one sibling schedule per task (the whole model at the siblings' quality soonest);
+    the task's next round measures the other three before it searches, and none of them twice."""
+    from edgetune.tuning.transfer.siblings import SEEDS_PER_TASK, load_sibling_records
+
+    task, profile, sibling = conv_sibling
+    target = profile.tvm_target()
+    store = RecordStore(tmp_path / "budgeted")
+    siblings = load_sibling_records({"sibling": sibling}, [task], target, 2)
+    result = tune([task], target, store, _plan(profile, 7, "draft-verify", siblings, budget_s=600.0))
+    batches = [entry["measured"] for entry in store.read_log()]
+    assert batches[:2] == [1, SEEDS_PER_TASK - 1], batches
+    assert result.transfer.seeds_measured == SEEDS_PER_TASK and result.transfer.seeds_taken == {"conv": 4}
+    assert store.measured(task) == 7 == sum(batches)
+    assert store.best_seconds(task) <= result.transfer.seed_best["conv"]
 
 
 @pytest.fixture(scope="module")

@@ -110,6 +110,7 @@ def _task_summary(task, search: str) -> dict[str, Any]:
         "flops": task.flops,
         "trials": task.trials_before + task.trials_measured,
         "trials_measured_now": task.trials_measured,
+        "tuning_s": round(task.tuning_s, 1),  # this build's seconds on the task, all rounds (builds and runs)
         "best_us": task.best_us,
         "gflops": task.gflops,
         "skipped_for_budget": task.skipped_for_budget,

@@ -30,7 +30,8 @@ _DPI = 100
 _LINESTYLES = ("-", "--", ":", "-.")  # after the 10 colours of the cycle, so 40 tasks stay distinct
 
 _TASK_DEFAULTS: dict[str, Any] = {
-    "weight": 1, "trials": 0, "trials_measured_now": 0, "best_us": None, "gflops": None, "skipped_for_budget": False,
+    "weight": 1, "trials": 0, "trials_measured_now": 0, "tuning_s": None, "best_us": None, "gflops": None,
+    "skipped_for_budget": False,
     "space_exhausted": False, "candidates": None, "search_fallback": None, "tuning_failed": None,
 }
 

@@ -70,14 +70,26 @@ UNLEARNED_VERIFY_PER_TRIAL = 4
 prior), a round materializes this many drafts per candidate of its batch instead of `verify`: the score is
 the analyzer's alone, and 160 materializations plus the learned model's features took about 2 s of each
 such round on a ResNet-18 convolution here."""
-FALLBACK_SAMPLES = 48
-"""Candidates a fallback space materializes per round (TVM sampling + mutation)."""
+FALLBACK_PER_TRIAL, FALLBACK_SAMPLES = 4, 48
+"""Candidates the fallback spaces materialize (TVM sampling + mutation) per candidate of a batch, all of them
+together, and at most per space and batch. Each is a replay with the postprocessors: on ResNet-18's Winograd
+tasks (three spaces, none read structurally) 48 per space and batch were a quarter of a 4-minute build's
+tuning (py-spy) and most of a batch of 8. Drafts left unmeasured stay in the space's pool for the next batch."""
 STOCK_POPULATION = 64
 """Population of the evolutionary search a task falls back to (MetaSchedule's ratio for rounds of 8)."""
 NO_DECISION = "no tunable decision"
 SHORTEST_S, LONGEST_S = 1e-12, 1e6
 """Analyzer estimates are clipped into this range before their logarithm (a zero or non-finite one
 would otherwise tie every draft or poison the ranks)."""
+
+
+@dataclass
+class _Draft:
+    space: int
+    key: bytes
+    latency: float  # analyzer estimate, seconds
+    row: np.ndarray | None = None
+    schedule: Schedule | None = None
 
 
 @dataclass
@@ -88,15 +100,7 @@ class _Space:
     drafts: np.ndarray | None = None
     seen: list[set[int]] = field(default_factory=list)  # per slot: decision indices measured
     measured: int = 0  # candidates of this space measured so far
-
-
-@dataclass
-class _Draft:
-    space: int
-    key: bytes
-    latency: float  # analyzer estimate, seconds
-    row: np.ndarray | None = None
-    schedule: Schedule | None = None
+    pool: list[_Draft] = field(default_factory=list)  # a fallback space's materialized drafts, not measured yet
 
 
 @dataclass
@@ -227,7 +231,7 @@ class DraftVerifySearch(PySearchStrategy):
         if self.stock is not None:
             return self.stock.generate_measure_candidates()
         try:
-            picked = self._select(self._verify(self._draft(), batch), batch)
+            picked = self._select(self._verify(self._draft(batch), batch), batch)
         except Exception as exc:  # the stock search takes over the task's remaining trials
             return self._fall_back(f"analyzer failed ({type(exc).__name__}: {exc})")
         if not picked and self.estimated and not self.finite:
@@ -263,11 +267,13 @@ class DraftVerifySearch(PySearchStrategy):
             if draft.row is not None:
                 for s, i in enumerate(draft.row):
                     space.seen[s].add(int(i))
+        for space in self.spaces:
+            space.pool = [d for d in space.pool if d.key not in self.measured]
         self.pending = []
 
     # -- draft --------------------------------------------------------------------------------
 
-    def _draft(self) -> list[_Draft]:
+    def _draft(self, batch: int) -> list[_Draft]:
         """The best unmeasured candidates by the analyzer, taken from the design spaces in turn.
 
         Interleaving (each space's best, then each one's second best, ...) keeps every space in
@@ -278,9 +284,10 @@ class DraftVerifySearch(PySearchStrategy):
         readable = [s for s in self.spaces if s.model is not None]
         share = max(64, self.population // max(1, len(readable)))
         best_rows = self._best_rows()
+        fallback_spaces = len(self.spaces) - len(readable)
         for index, space in enumerate(self.spaces):
             if space.model is None:
-                drafts = self._fallback_drafts(index)
+                drafts = self._fallback_drafts(index, _fallback_samples(batch, fallback_spaces))
             else:
                 drafts = self._evolve(index, space, share, best_rows[index])
             per_space.append(sorted(drafts, key=lambda d: d.latency))
@@ -334,35 +341,37 @@ class DraftVerifySearch(PySearchStrategy):
         space.drafts = np.array([d.row for d in kept]) if kept else None
         return kept
 
-    def _fallback_drafts(self, index: int) -> list[_Draft]:
-        """TVM's sampling and mutators, scored by the analyzer's walk over the materialized TIR."""
+    def _fallback_drafts(self, index: int, samples: int) -> list[_Draft]:
+        """TVM's sampling and mutators (`samples` candidates, half of them mutations of the best measured), scored
+        by the analyzer's walk over the materialized TIR, and the space's pool of earlier batches' drafts."""
         space = self.spaces[index]
-        traces = [Trace(space.schedule.trace.insts, {}) for _ in range(FALLBACK_SAMPLES // 2)]
+        traces = [Trace(space.schedule.trace.insts, {}) for _ in range(samples // 2)]
         records = self._records(self.measured_seeds)
         mutators = [m for m, _ in self.mutators]
         probs = np.array([float(p) for _, p in self.mutators])
-        for k in range(FALLBACK_SAMPLES - len(traces)):
+        for k in range(samples - len(traces)):
             if not records or not mutators or not probs.sum() > 0:
                 break
             base = records[k % len(records)].trace
             mutated = mutators[self.rng.choice(len(mutators), p=probs / probs.sum())].apply(base)
             if mutated is not None:
                 traces.append(mutated)
-        drafts = []
+        drafts = {d.key: d for d in space.pool}
         seeds = [int(self.rng.integers(1, 1 << 30)) for _ in traces]
         for schedule in self._in_parallel(lambda job: self._replay(*job), list(zip(traces, seeds))):
             if schedule is None:
                 continue
             key = _key(index, None, schedule)
-            if key in self.measured:
+            if key in self.measured or key in drafts:
                 continue
             nests = nests_from_func(_only_func(schedule))
             latency = float(self.analyzer.latency(nests)[0]) if nests else SHORTEST_S  # no statement: no work
             self.estimated += 1
             self.finite += math.isfinite(latency)
             self.counts.explored += 1
-            drafts.append(_Draft(index, key, latency, schedule=schedule))
-        return drafts
+            drafts[key] = _Draft(index, key, latency, schedule=schedule)
+        space.pool = sorted(drafts.values(), key=lambda d: d.latency)[:FALLBACK_SAMPLES]
+        return list(space.pool)
 
     # -- verify and select --------------------------------------------------------------------
 
@@ -506,6 +515,11 @@ class DraftVerifySearch(PySearchStrategy):
         """`trace` on this task's module, postprocessed; `seed` drawn here unless given (a parallel replay's
         seeds are drawn in order beforehand, so the search stays deterministic)."""
         return replay(self.mod, trace, self.postprocs, seed if seed is not None else int(self.rng.integers(1, 1 << 30)))
+
+
+def _fallback_samples(batch: int, fallback_spaces: int) -> int:
+    """New candidates per fallback space for a batch (FALLBACK_PER_TRIAL): at least a few per space."""
+    return int(np.clip(math.ceil(FALLBACK_PER_TRIAL * batch / max(1, fallback_spaces)), 8, FALLBACK_SAMPLES))
 
 
 def _key(space: int, row: np.ndarray | None, schedule: Schedule | None = None) -> bytes:

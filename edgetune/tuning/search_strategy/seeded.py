@@ -18,9 +18,11 @@ from edgetune.tuning.transfer.siblings import TransferStats
 class SeededSearch(PySearchStrategy):
     """Measures the siblings' best schedules of the task first, then hands over to `inner`.
 
-    Seeds are skipped when the device's store already holds records of the task (a resumed
-    build measured them in its first batch). `inner` gets the rest of the trial budget and sees
-    the seeds' measurements in the database like any other record.
+    A round measures the seeds this build has not measured yet, best first, as many as its trials allow
+    (under a budget the first round takes only the best one: `task_scheduler`), so a task's later round
+    starts with the rest. Seeds are skipped when the device's store held records of the task before this
+    build touched it (a resumed build measured them already). `inner` gets the rest of the round's trials
+    and sees the seeds' measurements in the database like any other record.
     """
 
     def __init__(self, inner, seeds: dict[int, list[Trace]], stats: TransferStats):
@@ -33,19 +35,21 @@ class SeededSearch(PySearchStrategy):
         self.context = context
 
     def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None) -> None:
-        mod = self.context.mod
+        mod, task = self.context.mod, str(self.context.task_name)
         self.queue: list[Schedule] = []
-        already = database is not None and database.has_workload(mod) and len(
+        taken = self.stats.seeds_taken.get(task)
+        resumed = taken is None and database is not None and database.has_workload(mod) and len(
             database.get_top_k(database.commit_workload(mod), 1)) > 0
-        if not already:
+        seeds = self.seeds.get(tvm_ffi.structural_hash(mod), [])
+        if not resumed and (taken or 0) < len(seeds):
             postprocs = list(self.context.space_generator.postprocs)
             programs: set[int] = set()
-            for i, trace in enumerate(self.seeds.get(tvm_ffi.structural_hash(mod), [])):
+            for i, trace in enumerate(seeds):
                 schedule = replay(mod, trace, postprocs, seed=i + 1)
                 if schedule is not None and tvm_ffi.structural_hash(schedule.mod) not in programs:
                     programs.add(tvm_ffi.structural_hash(schedule.mod))
                     self.queue.append(schedule)
-        self.queue = self.queue[: int(max_trials)]
+        self.queue = self.queue[taken or 0:][: int(max_trials)]
         self.seeding = False
         self.inner.pre_tuning(int(max_trials) - len(self.queue), num_trials_per_iter, design_spaces, database,
                               cost_model)
@@ -62,10 +66,12 @@ class SeededSearch(PySearchStrategy):
             self.inner.notify_runner_results(measure_candidates, results)
             return
         self.seeding = False
+        task = str(self.context.task_name)
         self.stats.seeds_measured += len(results)
+        self.stats.seeds_taken[task] = self.stats.seeds_taken.get(task, 0) + len(results)
         seconds = [mean_seconds(r.run_secs) for r in results if r.error_msg is None and r.run_secs]
-        if seconds and min(seconds) < FAILED:
-            self.stats.seed_best[str(self.context.task_name)] = min(seconds)
+        if seconds and min(seconds) < min(FAILED, self.stats.seed_best.get(task, FAILED)):
+            self.stats.seed_best[task] = min(seconds)
 
     def post_tuning(self) -> None:
         self.inner.post_tuning()

@@ -97,4 +97,5 @@ class TransferStats:
     sibling_records: int  # records of the siblings the prior was trained on
     seeds_measured: int = 0  # sibling schedules re-measured on this device
     seed_best: dict[str, float] = field(default_factory=dict)  # task -> best seconds among its seeds
+    seeds_taken: dict[str, int] = field(default_factory=dict)  # task -> its seeds measured so far in this build
     distrusted: set[str] = field(default_factory=set)  # tasks whose prior the guard set aside
