@@ -213,22 +213,34 @@ def test_first_batch_with_a_siblings_records_beats_a_scratch_first_batch(tmp_pat
 
 
 @pytest.mark.slow
-def test_under_a_budget_the_best_sibling_schedule_comes_first_and_the_rest_open_the_next_round(tmp_path,
-                                                                                              conv_sibling):
-    """The first pass measures one sibling schedule per task (the whole model at the siblings' quality soonest);
-    the task's next round measures the other three before it searches, and none of them twice."""
+def test_seeds_a_cut_round_left_out_open_the_tasks_next_round(conv_sibling):
+    """A first round cut to 2 trials (the first pass's share of the budget) measures the 2 best sibling
+    schedules; the task's next round in the same build starts with the other 2, and none is measured twice."""
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+
+    from edgetune.tuning.search_strategy.draft_verify import DraftVerifySearch
+    from edgetune.tuning.search_strategy.seeded import SeededSearch
     from edgetune.tuning.transfer.siblings import SEEDS_PER_TASK, load_sibling_records
 
     task, profile, sibling = conv_sibling
     target = profile.tvm_target()
-    store = RecordStore(tmp_path / "budgeted")
     siblings = load_sibling_records({"sibling": sibling}, [task], target, 2)
-    result = tune([task], target, store, _plan(profile, 7, "draft-verify", siblings, budget_s=600.0))
-    batches = [entry["measured"] for entry in store.read_log()]
-    assert batches[:2] == [1, SEEDS_PER_TASK - 1], batches
-    assert result.transfer.seeds_measured == SEEDS_PER_TASK and result.transfer.seeds_taken == {"conv": 4}
-    assert store.measured(task) == 7 == sum(batches)
-    assert store.best_seconds(task) <= result.transfer.seed_best["conv"]
+    stats = TransferStats(["sibling"], "momentum", siblings.records_used)
+    database = ms.database.MemoryDatabase()
+    rounds = []
+    for trials in (2, SEEDS_PER_TASK):
+        inner = DraftVerifySearch(profile.hardware, "cpu", population=256, verify=16)
+        strategy = SeededSearch(inner, siblings.seeds, stats)
+        context = ms.TuneContext(mod=task.mod, target=target, space_generator="post-order-apply",
+                                 search_strategy=strategy, task_name="conv", rand_state=1, num_threads=2)
+        spaces = context.space_generator.generate_design_space(task.mod)
+        strategy.pre_tuning(trials, trials, spaces, database, RankingCostModel(num_threads=2))
+        batch = strategy.generate_measure_candidates()
+        rounds.append({tvm_ffi.structural_hash(candidate.sch.mod) for candidate in batch})
+        strategy.notify_runner_results(batch, [RunnerResult([1e-3], None) for _ in batch])
+    assert [len(hashes) for hashes in rounds] == [2, SEEDS_PER_TASK - 2] and not rounds[0] & rounds[1]
+    assert stats.seeds_measured == SEEDS_PER_TASK and stats.seeds_taken == {"conv": SEEDS_PER_TASK}
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,12 @@
 Each task gets `trials_per_task` measurements in total across builds. Without a time budget every
 task is tuned to that in one pass. Under a budget, after a short first pass over every task (shorter
 still for the lighter tasks where it would not fit in 40% of the budget: every task gets a measured
-schedule; a task with sibling devices' schedules measures just the best of them in it, so the whole model
-reaches the siblings' quality first), each round goes to the task expected to save the model the most latency
-per second of tuning (Ansor's task scheduler, its gradient rule), so the budget is spent where the model
-spends its time; a task that stopped improving waits until no improving task is left. A round of one task
-is measured by the caller (`tune.py`: one `tune_tasks` call); the scheduler keeps each task's pace and gains.
+schedule; a task with sibling devices' schedules measures just those in it, so the whole model reaches
+the siblings' quality first; those a cut first round left out open the task's next round), each round
+goes to the task expected to save the model the most latency per second of tuning (Ansor's task
+scheduler, its gradient rule), so the budget is spent where the model spends its time; a task that stopped
+improving waits until no improving task is left. A round of one task is measured by the caller
+(`tune.py`: one `tune_tasks` call); the scheduler keeps each task's pace and gains.
 """
 
 from __future__ import annotations
@@ -23,10 +24,6 @@ from edgetune.tuning.search_strategy.draft_verify import SearchCounts
 MAX_TRIALS_PER_ROUND = 64  # MetaSchedule's default num_trials_per_iter
 _FIRST_PASS_TRIALS = 8
 _SHORT_FIRST_TRIALS = 2
-_FIRST_SEEDS = 1
-"""Under a budget, a task with siblings' schedules measures this many of them (the best) in its first round, and
-its next round starts with the rest: the time to beat a reference waits for the whole first pass (ResNet-18:
-16 tasks, 4 seeds each, 28 s)."""
 _FIRST_PASS_SHARE = 0.4
 """Under a budget, a first pass that would not end within this share of it, at its pace per trial so far,
 gives each of the remaining tasks the trials that fit (at least _SHORT_FIRST_TRIALS): a task left without
@@ -110,8 +107,7 @@ class TaskScheduler:
         first_pass = self.trials_per_task if budget_s is None else min(_FIRST_PASS_TRIALS, self.trials_per_task)
         pass_started, sent = time.monotonic(), 0
         for position, outcome in enumerate(self.outcomes):
-            seeded = _FIRST_SEEDS if outcome.sibling_seeds else first_pass
-            trials = first_pass if budget_s is None else min(first_pass, seeded)
+            trials = first_pass if budget_s is None else min(first_pass, outcome.sibling_seeds or first_pass)
             if budget_s is not None and sent:
                 trials = self._first_trials_that_fit(trials, time.monotonic() - pass_started, sent,
                                                      len(self.outcomes) - position, budget_s)

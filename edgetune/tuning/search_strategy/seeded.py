@@ -19,8 +19,8 @@ class SeededSearch(PySearchStrategy):
     """Measures the siblings' best schedules of the task first, then hands over to `inner`.
 
     A round measures the seeds this build has not measured yet, best first, as many as its trials allow
-    (under a budget the first round takes only the best one: `task_scheduler`), so a task's later round
-    starts with the rest. Seeds are skipped when the device's store held records of the task before this
+    (a first pass cut to fit its share of the budget may give a task fewer), so a task's next round starts
+    with the rest. Seeds are skipped when the device's store held records of the task before this
     build touched it (a resumed build measured them already). `inner` gets the rest of the round's trials
     and sees the seeds' measurements in the database like any other record.
     """
