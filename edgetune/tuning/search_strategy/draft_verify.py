@@ -72,9 +72,9 @@ the analyzer's alone, and 160 materializations plus the learned model's features
 such round on a ResNet-18 convolution here."""
 FALLBACK_PER_TRIAL, FALLBACK_SAMPLES = 4, 48
 """Candidates the fallback spaces materialize (TVM sampling + mutation) per candidate of a batch, all of them
-together, and at most per space and batch. Each is a replay with the postprocessors: on ResNet-18's Winograd
-tasks (three spaces, none read structurally) 48 per space and batch were a quarter of a 4-minute build's
-tuning (py-spy) and most of a batch of 8. Drafts left unmeasured stay in the space's pool for the next batch."""
+together, and at most per space and batch. Each is a replay with the postprocessors: 48 per space and batch,
+as it was, were 30% of a 4-minute ResNet-18 build's py-spy samples (its Winograd tasks: no space read
+structurally). Drafts left unmeasured stay in the space's pool for the next batch."""
 STOCK_POPULATION = 64
 """Population of the evolutionary search a task falls back to (MetaSchedule's ratio for rounds of 8)."""
 NO_DECISION = "no tunable decision"
