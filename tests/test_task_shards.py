@@ -91,3 +91,15 @@ def _key(task: TuningTask) -> int:
 
     return tvm_ffi.structural_hash(task.mod)
 
+
+
+def test_shards_transfer_figures_add_up_without_touching_the_first_shards() -> None:
+    """Seeds measured per task in several shards add up in the target's figures; the first shard's own stays."""
+    from edgetune.tuning.shards import _combined_transfer
+    from edgetune.tuning.transfer.siblings import TransferStats
+
+    first = TransferStats(["sibling"], "momentum", 10, seeds_taken={"conv": 4})
+    second = TransferStats(["sibling"], "momentum", 5, seeds_taken={"dense": 3})
+    total = _combined_transfer(_combined_transfer(None, first), second)
+    assert (total.seeds_measured, total.sibling_records) == (7, 15)
+    assert first.seeds_taken == {"conv": 4} and first.seeds_measured == 4

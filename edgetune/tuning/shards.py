@@ -203,9 +203,10 @@ def _combined_transfer(total: TransferStats | None, shard: TransferStats | None)
     if shard is None:
         return total
     if total is None:
-        return replace(shard, seed_best=dict(shard.seed_best), distrusted=set(shard.distrusted))
+        return replace(shard, seed_best=dict(shard.seed_best), seeds_taken=dict(shard.seeds_taken),
+                       distrusted=set(shard.distrusted))
     total.sibling_records += shard.sibling_records
-    total.seeds_measured += shard.seeds_measured
+    total.seeds_taken.update(shard.seeds_taken)  # each task is tuned in one shard
     total.seed_best.update(shard.seed_best)
     total.distrusted |= shard.distrusted
     return total

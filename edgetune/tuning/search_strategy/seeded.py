@@ -37,11 +37,11 @@ class SeededSearch(PySearchStrategy):
     def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None) -> None:
         mod, task = self.context.mod, str(self.context.task_name)
         self.queue: list[Schedule] = []
-        taken = self.stats.seeds_taken.get(task)
-        resumed = taken is None and database is not None and database.has_workload(mod) and len(
+        taken = self.stats.seeds_taken.get(task, 0)
+        resumed = task not in self.stats.seeds_taken and database is not None and database.has_workload(mod) and len(
             database.get_top_k(database.commit_workload(mod), 1)) > 0
         seeds = self.seeds.get(tvm_ffi.structural_hash(mod), [])
-        if not resumed and (taken or 0) < len(seeds):
+        if not resumed and taken < len(seeds):
             postprocs = list(self.context.space_generator.postprocs)
             programs: set[int] = set()
             for i, trace in enumerate(seeds):
@@ -49,7 +49,7 @@ class SeededSearch(PySearchStrategy):
                 if schedule is not None and tvm_ffi.structural_hash(schedule.mod) not in programs:
                     programs.add(tvm_ffi.structural_hash(schedule.mod))
                     self.queue.append(schedule)
-        self.queue = self.queue[taken or 0:][: int(max_trials)]
+        self.queue = self.queue[taken:][: int(max_trials)]
         self.seeding = False
         self.inner.pre_tuning(int(max_trials) - len(self.queue), num_trials_per_iter, design_spaces, database,
                               cost_model)
@@ -67,7 +67,6 @@ class SeededSearch(PySearchStrategy):
             return
         self.seeding = False
         task = str(self.context.task_name)
-        self.stats.seeds_measured += len(results)
         self.stats.seeds_taken[task] = self.stats.seeds_taken.get(task, 0) + len(results)
         seconds = [mean_seconds(r.run_secs) for r in results if r.error_msg is None and r.run_secs]
         if seconds and min(seconds) < min(FAILED, self.stats.seed_best.get(task, FAILED)):

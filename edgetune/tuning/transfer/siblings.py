@@ -95,7 +95,11 @@ class TransferStats:
     sources: list[str]
     mode: str
     sibling_records: int  # records of the siblings the prior was trained on
-    seeds_measured: int = 0  # sibling schedules re-measured on this device
     seed_best: dict[str, float] = field(default_factory=dict)  # task -> best seconds among its seeds
     seeds_taken: dict[str, int] = field(default_factory=dict)  # task -> its seeds measured so far in this build
     distrusted: set[str] = field(default_factory=set)  # tasks whose prior the guard set aside
+
+    @property
+    def seeds_measured(self) -> int:
+        """Sibling schedules re-measured on this device in this build."""
+        return sum(self.seeds_taken.values())
