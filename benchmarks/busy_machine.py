@@ -60,15 +60,18 @@ def build(model: str, budget_min: float, search: str, seed: int, hogs: int, outp
     return summary
 
 
-def time_artifacts(model_name: str, libraries: dict[str, Path], repeats: int) -> dict[str, float]:
-    """Median ms of each library and of ONNX Runtime, interleaved on the (now idle) machine."""
+def time_artifacts(model_source: dict, libraries: dict[str, Path], repeats: int) -> dict[str, float]:
+    """Median ms of each library and of ONNX Runtime, interleaved on the (now idle) machine.
+    `model_source`: the recipe's `model` mapping the libraries were built from ({"zoo": ...} or {"onnx": ...})."""
     import tvm
 
     from edgetune.frontend.onnx import load_model
     from edgetune.reference import ReferenceRuntime
     from edgetune.runtime import load_library
 
-    model = load_model(zoo=model_name, onnx_path=None, input_shapes=None)
+    onnx_path = model_source.get("onnx")
+    model = load_model(zoo=model_source.get("zoo"), onnx_path=Path(onnx_path) if onnx_path else None,
+                       input_shapes=model_source.get("input_shapes"))
     x = model.sample_inputs()[model.inputs[0].name]
     device = tvm.cpu(0)
     tvm_x = tvm.runtime.tensor(x, device)
@@ -100,8 +103,8 @@ def main() -> int:
                 print(f"seed {seed}: building {args.model}: {label} ({hogs} hogs)", flush=True)
                 built[label] = build(args.model, args.budget_min, args.search, seed, hogs, Path(scratch) / label,
                                      remeasure)
-            times = time_artifacts(args.model, {k: Path(v["artifact_dir"]) / "model.so" for k, v in built.items()},
-                                   args.repeats)
+            libraries = {k: Path(v["artifact_dir"]) / "model.so" for k, v in built.items()}
+            times = time_artifacts({"zoo": args.model}, libraries, args.repeats)
             rows.append((seed, built, times))
     print(f"\n{args.model}, {args.search}, {args.budget_min} min, {args.hogs} hog(s) beside the busy build")
     print("seed  idle ms  busy ms  ORT ms  busy/idle  idle vs ORT  busy vs ORT  trials idle/busy  wall idle/busy"

@@ -191,7 +191,7 @@ def main() -> int:
         rows = run_seeds(args, Path(scratch))
         libraries = {f"{r['system']}-{r['seed']}": Path(r["artifact_dir"]) / "model.so" for r in rows}
         print("timing every artifact and ONNX Runtime, interleaved", flush=True)
-        times = time_artifacts(args.model, libraries, args.repeats)
+        times = time_artifacts({"zoo": args.model}, libraries, args.repeats)
     for r in rows:
         r["final_ms"], r["ort_ms"] = times[f"{r['system']}-{r['seed']}"], times["onnxruntime"]
     print(f"\n{args.model}, {args.budget_min} min budget, seeds {args.seeds}, this machine's 2 cores")

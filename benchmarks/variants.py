@@ -6,9 +6,10 @@
 A variant is NAME[:CHECKOUT[:KEY=VALUE,...]]: CHECKOUT is a source tree of edgetune to build with (left
 empty: the installed one), KEY=VALUE are `tuning` settings of the recipe (integers, floats or words), or,
 as `hardware.KEY=VALUE`, overrides of the host profile's hardware (`hardware.memory_bandwidth_gbs=40`).
-Every variant builds the zoo model for this machine (host profile, 2 cores) with draft-verify under the
-same budget, for each seed, the order rotating, each as the `edgetune build` command in its own process
-with a fresh record store. Then all artifacts and ONNX Runtime are timed interleaved on the idle machine.
+Every variant builds the zoo model (or `--onnx FILE`, with `--input-shapes` for its symbolic dimensions)
+for this machine (host profile, 2 cores) with draft-verify under the same budget, for each seed, the order
+rotating, each as the `edgetune build` command in its own process with a fresh record store. Then all
+artifacts and ONNX Runtime are timed interleaved on the idle machine.
 
 Printed: per build, the seconds tuned, trials and the final latency; per variant, the median and range over
 seeds, and each variant's median against the first's.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -73,6 +75,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", type=parse_variant, action="append", required=True)
     parser.add_argument("--model", choices=("resnet18", "mobilenet_v2"), default="resnet18")
+    parser.add_argument("--onnx", type=Path, help="an ONNX file to build instead of the zoo model")
+    parser.add_argument("--input-shapes", type=json.loads, default=None,
+                        help='with --onnx: {"images": [1, 3, 224, 224]}')
     parser.add_argument("--budget-min", type=float, default=5.0)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds of the artifacts")
@@ -81,6 +86,7 @@ def main() -> int:
         raise SystemExit("edgetune is not installed for this Python: pip install -e . first")
     if len({v.name for v in args.variant}) != len(args.variant):
         raise SystemExit("variant names must differ")
+    model_source = model_mapping(args)
     rows = []
     with tempfile.TemporaryDirectory(prefix="edgetune-variants-") as scratch:
         for turn, seed in enumerate(args.seeds):
@@ -88,6 +94,7 @@ def main() -> int:
             for variant in args.variant[shift:] + args.variant[:shift]:
                 run_dir = Path(scratch) / f"{variant.name}-{seed}"
                 spec = recipe(args.model, args.budget_min, "draft-verify", seed, False, run_dir / "out")
+                spec["model"] = model_source
                 spec["tuning"].update(variant.tuning)
                 host = next(t for t in spec["fleet"] if t["name"] == "host")
                 host["overrides"]["hardware"].update(variant.hardware)
@@ -98,14 +105,26 @@ def main() -> int:
                       f"in {done['tuning_s']:.0f} s of tuning; build {done['build_wall_s']:.0f} s", flush=True)
         libraries = {f"{r['variant']}-{r['seed']}": Path(r["artifact_dir"]) / "model.so" for r in rows}
         print("timing every artifact and ONNX Runtime, interleaved", flush=True)
-        times = time_artifacts(args.model, libraries, args.repeats)
+        times = time_artifacts(model_source, libraries, args.repeats)
     print_table(rows, times, args)
     return 0
 
 
+def model_mapping(args: argparse.Namespace) -> dict[str, Any]:
+    """The recipe's `model`: the ONNX file (absolute: builds run in their own directories) or the zoo model."""
+    if args.onnx is None:
+        return {"zoo": args.model}
+    if not args.onnx.is_file():
+        raise SystemExit(f"{args.onnx}: no such file")
+    source: dict[str, Any] = {"onnx": str(args.onnx.resolve())}
+    if args.input_shapes:
+        source["input_shapes"] = args.input_shapes
+    return source
+
+
 def print_table(rows: list[dict[str, Any]], times: dict[str, float], args: argparse.Namespace) -> None:
     ort = times["onnxruntime"]
-    print(f"\n{args.model}, {args.budget_min} min budget, seeds {args.seeds}; ONNX Runtime {ort:.2f} ms")
+    print(f"\n{args.onnx or args.model}, {args.budget_min} min budget, seeds {args.seeds}; ONNX Runtime {ort:.2f} ms")
     print("variant               seed  tuning s  trials  build s  final ms  vs ORT")
     for r in rows:
         r["final_ms"] = final = times[f"{r['variant']}-{r['seed']}"]

@@ -93,6 +93,8 @@ class TaskScheduler:
     measure_round: RoundFn
     best_us: Callable[[int], float | None]  # a task's best latency in the store now
     after_round: Callable[[], None]  # raises to stop between rounds (a stop request)
+    round_trials: int = MAX_TRIALS_PER_ROUND
+    """Trials of a round after the first pass (the search's `round_trials_under_budget` under a budget)."""
     curve: list[tuple[float, float]] = field(default_factory=list)
     """(seconds of tuning, milliseconds per inference of the tuned kernels: weight x best, summed) after each
     round once every task has had a round: the model's latency as the tuning lowered it, without the rest."""
@@ -126,7 +128,7 @@ class TaskScheduler:
             budget_s -= kept_s
         while (position := next_round(self.outcomes, self.trials_per_task)) is not None:
             outcome = self.outcomes[position]  # once the budget is spent, each is marked skipped in turn
-            self._round(position, min(MAX_TRIALS_PER_ROUND, self.trials_per_task - outcome.trials_before
+            self._round(position, min(self.round_trials, self.trials_per_task - outcome.trials_before
                                       - outcome.trials_measured), budget_s)
         return kept_s
 

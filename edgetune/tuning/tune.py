@@ -285,7 +285,9 @@ def tune(
                 raise TuningInterrupted(f"interrupted: {kept}; run the same command again to resume")
 
         scheduler = TaskScheduler(result.tasks, plan.trials_per_task, plan.time_budget_s, started, measure_round,
-                                  lambda position: best_us(store, tasks[position]), after_round)
+                                  lambda position: best_us(store, tasks[position]), after_round,
+                                  round_trials=search_strategy.round_trials_under_budget(plan.search,
+                                                                                         MAX_TRIALS_PER_ROUND))
         result.kept_s = scheduler.run(plan.keep_for_later)
         result.curve = scheduler.curve
         for index, ((task, done), outcome) in enumerate(zip(pending, result.tasks), start=1):

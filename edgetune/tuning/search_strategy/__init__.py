@@ -5,7 +5,12 @@ from __future__ import annotations
 from tvm.s_tir import meta_schedule as ms
 
 from edgetune.profiles import Hardware
-from edgetune.tuning.search_strategy.draft_verify import DraftVerifySearch, SearchCounts, TrustsPrior
+from edgetune.tuning.search_strategy.draft_verify import (
+    DRAFT_VERIFY_ROUND,
+    DraftVerifySearch,
+    SearchCounts,
+    TrustsPrior,
+)
 
 _POPULATION_PER_TRIAL = 8  # MetaSchedule's defaults: a population of 512 for 64 trials per round
 _MIN_POPULATION = 64
@@ -20,6 +25,13 @@ def _evolutionary_search(round_trials: int):
     population = max(_MIN_POPULATION, min(512, _POPULATION_PER_TRIAL * round_trials))
     return ms.search_strategy.EvolutionarySearch(population_size=population,
                                                  init_min_unmeasured=min(50, population))
+
+
+def round_trials_under_budget(name: str, default: int) -> int:
+    """Trials of one round of a task under a time budget: smaller rounds let the task scheduler follow
+    where the model's time is; each costs a population evolved afresh for the stock search, little for
+    draft-verify (see DRAFT_VERIFY_ROUND)."""
+    return DRAFT_VERIFY_ROUND if name == "draft-verify" else default
 
 
 def create(name: str, *, round_trials: int, hardware: Hardware | None, device: str, isa: str,

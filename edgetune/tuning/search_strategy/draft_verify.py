@@ -56,6 +56,11 @@ analyzer does (Spearman 0.0-0.3 vs 0.4-0.5); with ~128 the blend beats either al
 FIRST_BATCHES = (8, 16)
 """Sizes of the first batches (capped by the scheduler's batch size): the analyzer's best few are
 measured first so that a good latency arrives early and the learned model refits sooner."""
+DRAFT_VERIFY_ROUND = sum(FIRST_BATCHES)
+"""A round of one task under a time budget: its first batches. In a 10-minute ResNet-50 build with rounds
+of 64 (batches of 8, 16 and 40), a round's first 24 trials gave most of what its 64 gained on 10 of its 12
+rounds, in 40% of its seconds; and with 28 tasks only 12 rounds fitted after the first pass, so three tasks
+weighing 3 calls each kept their first pass's schedules while tasks called once had a round more."""
 ANALYZER_RESOLUTION = 0.1
 """Analyzer estimates within this relative distance count as ties (its error is larger), so
 among near-equal drafts the diversity bonus decides."""
