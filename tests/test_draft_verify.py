@@ -14,6 +14,7 @@ from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 
 from edgetune.profiles import load_profile
 from edgetune.tuning.analyzer import SpaceModel
+from edgetune.tuning.analyzer.space import replay
 from edgetune.tuning.cost_model.ranking import RankingCostModel
 from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.search_strategy.draft_verify import (
@@ -367,3 +368,45 @@ def test_a_space_drafted_by_tvm_sampling_replays_a_few_candidates_per_trial_and_
         strategy.notify_runner_results(batch, measured_fine(batch))
         pooled = [draft for space in strategy.spaces for draft in space.pool]
         assert pooled and not any(draft.key in strategy.measured for draft in pooled)  # left for the next batch
+
+
+def test_a_later_round_knows_a_sampled_spaces_measured_programs_without_replaying_them_again(monkeypatch):
+    """Each round of a task is a new strategy, and records of a space drafted by TVM's sampling are known by
+    their programs: a replay each. Rounds under a budget are short, so a task's records were replayed many
+    times over; now once per process, and the next round still measures none of those programs."""
+    from tvm import topi
+
+    data = te.placeholder((64, 1000), name="data")
+    mod = tvm.IRModule({"main": te.create_prim_func([data, topi.nn.softmax(data)])})
+    database = ms.database.MemoryDatabase()
+    workload = database.commit_workload(mod)
+    from edgetune.tuning.search_strategy import draft_verify
+
+    replays = []
+
+    def counted(*args):
+        replays.append(args[1])
+        return replay(*args)
+
+    monkeypatch.setattr(draft_verify, "replay", counted)  # the real replay, counted
+
+    def round_of(trials: int) -> tuple[DraftVerifySearch, int, set[int]]:
+        strategy = DraftVerifySearch(load_profile("host").hardware, "cpu", population=256, verify=16)
+        ctx = host_context(mod, strategy)
+        replays.clear()
+        strategy.pre_tuning(trials, trials, ctx.space_generator.generate_design_space(mod), database,
+                            RankingCostModel(num_threads=2))
+        at_start = len(replays)
+        batch = strategy.generate_measure_candidates()
+        for candidate in batch:
+            database.commit_tuning_record(ms.database.TuningRecord(candidate.sch.trace, workload, [1e-3],
+                                                                   ctx.target, candidate.args_info))
+        strategy.notify_runner_results(batch, measured_fine(batch))
+        return strategy, at_start, {tvm_ffi.structural_hash(c.sch.mod) for c in batch}
+
+    _, _, first = round_of(8)
+    _, replayed_second, second = round_of(8)
+    _, replayed_third, third = round_of(8)
+    assert replayed_second == len(first)  # the first round's records: not known yet
+    assert replayed_third == len(second)  # only the second round's are new; the first round's are known
+    assert not (first & second) and not ((first | second) & third)

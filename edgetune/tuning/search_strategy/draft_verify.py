@@ -26,6 +26,7 @@ MetaSchedule's evolutionary search. Each of these fallbacks is counted (`SearchC
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -181,8 +182,7 @@ class DraftVerifySearch(PySearchStrategy):
         self.measured_programs: set[int] = set()
         self.pending: list[_Draft] = []
         self.workload = database.commit_workload(self.mod) if database is not None else None
-        for record in self._records(None):
-            self._remember(record.trace)
+        self._remember([record.trace for record in self._records(None)])
 
     def _read_space(self, schedule: Schedule) -> _Space:
         """A design space with its structural model, or without one (drafted by TVM's sampling)."""
@@ -486,8 +486,32 @@ class DraftVerifySearch(PySearchStrategy):
                     if tvm_ffi.structural_equal(r.workload.mod, self.mod)]
         return list(self.database.get_top_k(self.workload, limit))
 
-    def _remember(self, trace: Trace) -> None:
-        """Mark a measured trace so it is not drafted again."""
+    def _remember(self, traces: list[Trace]) -> None:
+        """Mark measured traces so they are not drafted again: by decision vector where a space reads them,
+        by program otherwise (see _PROGRAM_OF_TRACE)."""
+        unread: list[Trace] = []
+        for trace in traces:
+            if not self._remember_decisions(trace):
+                unread.append(trace)
+        if not unread or all(space.model is not None for space in self.spaces):
+            return
+        task = tvm_ffi.structural_hash(self.mod)
+        keys = [(task, hashlib.sha256(str(trace).encode()).digest()) for trace in unread]
+        known = {i: _PROGRAM_OF_TRACE.get(key) for i, key in enumerate(keys)}
+        missing = [i for i, program in known.items() if program is None]
+        # a measured trace carries all its decisions: any seed replays it alike, and a fixed one keeps the
+        # search's own random stream the same whether or not the cache knew the trace
+        replayed = self._in_parallel(lambda i: self._replay(unread[i], seed=1), missing)
+        for i, schedule in zip(missing, replayed):
+            if schedule is not None:
+                known[i] = _PROGRAM_OF_TRACE.put(keys[i], tvm_ffi.structural_hash(schedule.mod))
+        for program in known.values():
+            if program is not None:
+                self.measured.update(_key(index, None, program=program) for index, space in enumerate(self.spaces)
+                                     if space.model is None)
+
+    def _remember_decisions(self, trace: Trace) -> bool:
+        """Mark the trace's decision vector in the first readable space that encodes it; False if none does."""
         for index, space in enumerate(self.spaces):
             if space.model is not None:
                 row = space.model.encode(trace)
@@ -496,12 +520,8 @@ class DraftVerifySearch(PySearchStrategy):
                     space.measured += 1
                     for s, i in enumerate(row):
                         space.seen[s].add(int(i))
-                    return
-        schedule = self._replay(trace)
-        if schedule is not None:
-            for index, space in enumerate(self.spaces):
-                if space.model is None:
-                    self.measured.add(_key(index, None, schedule))
+                    return True
+        return False
 
     def _best_rows(self) -> list[np.ndarray]:
         """Per readable space: decision vectors of the task's best measured records."""
@@ -527,11 +547,39 @@ def _fallback_samples(batch: int, fallback_spaces: int) -> int:
     return int(np.clip(math.ceil(FALLBACK_PER_TRIAL * batch / max(1, fallback_spaces)), 8, FALLBACK_SAMPLES))
 
 
-def _key(space: int, row: np.ndarray | None, schedule: Schedule | None = None) -> bytes:
+def _key(space: int, row: np.ndarray | None, schedule: Schedule | None = None, program: int | None = None) -> bytes:
+    """A draft's identity: its decision vector in a readable space, its program's hash in a fallback space."""
     if row is not None:
         return bytes([space]) + np.asarray(row, dtype=np.int64).tobytes()
-    assert schedule is not None
-    return bytes([space]) + b"h" + str(tvm_ffi.structural_hash(schedule.mod)).encode()
+    if program is None:
+        assert schedule is not None
+        program = tvm_ffi.structural_hash(schedule.mod)
+    return bytes([space]) + b"h" + str(program).encode()
+
+
+class _BoundedCache:
+    """A dict that forgets its oldest entries past `capacity` (insertion order)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.entries: dict = {}
+
+    def get(self, key):
+        return self.entries.get(key)
+
+    def put(self, key, value):
+        self.entries[key] = value
+        if len(self.entries) > self.capacity:
+            del self.entries[next(iter(self.entries))]
+        return value
+
+
+_PROGRAM_OF_TRACE = _BoundedCache(1 << 16)
+"""(task's structural hash, digest of a measured trace's text) -> hash of the program its replay gives.
+A fallback space's measured records are known by their programs, which takes a replay with the postprocessors;
+each round of a task is a new strategy, which would replay them all again at its start (72 records by a Winograd
+task's third round of 64; rounds under a budget are now 24 trials). A trace with its decisions replays to the
+same program."""
 
 
 def log_latency(latencies) -> np.ndarray:
