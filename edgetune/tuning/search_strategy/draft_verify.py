@@ -59,9 +59,9 @@ FIRST_BATCHES = (8, 16)
 measured first so that a good latency arrives early and the learned model refits sooner."""
 DRAFT_VERIFY_ROUND = sum(FIRST_BATCHES)
 """A round of one task under a time budget: its first batches. In a 10-minute ResNet-50 build with rounds
-of 64 (batches of 8, 16 and 40), a round's first 24 trials gave most of what its 64 gained on 10 of its 12
-rounds, in 40% of its seconds; and with 28 tasks only 12 rounds fitted after the first pass, so three tasks
-weighing 3 calls each kept their first pass's schedules while tasks called once had a round more."""
+of 64 (batches of 8, 16 and 40), a round's first 24 trials gave most of what its 64 gained on 8 of the 10
+rounds that gained, in 40% of its seconds; and with 28 tasks only 12 rounds fitted after the first pass, so three
+tasks called 3 times per inference kept their first pass's schedules while tasks called once had a round more."""
 ANALYZER_RESOLUTION = 0.1
 """Analyzer estimates within this relative distance count as ties (its error is larger), so
 among near-equal drafts the diversity bonus decides."""
@@ -562,12 +562,12 @@ class _BoundedCache:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.entries: dict = {}
+        self.entries: dict[tuple[int, bytes], int] = {}
 
-    def get(self, key):
+    def get(self, key: tuple[int, bytes]) -> int | None:
         return self.entries.get(key)
 
-    def put(self, key, value):
+    def put(self, key: tuple[int, bytes], value: int) -> int:
         self.entries[key] = value
         if len(self.entries) > self.capacity:
             del self.entries[next(iter(self.entries))]
