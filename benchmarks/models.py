@@ -23,15 +23,20 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 
 
-def recipe_for(model_path: Path, name: str, budget_min: float, search: str, output: Path,
-               input_shapes: dict[str, list[int]] | None) -> dict[str, Any]:
-    """A one-target recipe for this machine: the budget, not a trial count, ends the tuning."""
+def onnx_model(model_path: Path, input_shapes: dict[str, list[int]] | None) -> dict[str, Any]:
+    """A recipe's `model` for an ONNX file: its absolute path (builds may run in other directories)."""
     model: dict[str, Any] = {"onnx": str(model_path.resolve())}
     if input_shapes:
         model["input_shapes"] = input_shapes
+    return model
+
+
+def recipe_for(model_path: Path, name: str, budget_min: float, search: str, output: Path,
+               input_shapes: dict[str, list[int]] | None) -> dict[str, Any]:
+    """A one-target recipe for this machine: the budget, not a trial count, ends the tuning."""
     return {
         "name": name,
-        "model": model,
+        "model": onnx_model(model_path, input_shapes),
         "fleet": [{"name": "host", "profile": "host"}],
         "tuning": {"trials_per_task": 100_000, "time_budget_min": budget_min, "search": search},
         "output": str(output.resolve()),

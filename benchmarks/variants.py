@@ -30,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from busy_machine import time_artifacts  # noqa: E402  (through e2e: sets the thread counts first)
+from models import onnx_model  # noqa: E402
 from time_to_quality import build, recipe  # noqa: E402
 
 
@@ -111,15 +112,12 @@ def main() -> int:
 
 
 def model_mapping(args: argparse.Namespace) -> dict[str, Any]:
-    """The recipe's `model`: the ONNX file (absolute: builds run in their own directories) or the zoo model."""
+    """The recipe's `model`: the ONNX file or the zoo model."""
     if args.onnx is None:
         return {"zoo": args.model}
     if not args.onnx.is_file():
         raise SystemExit(f"{args.onnx}: no such file")
-    source: dict[str, Any] = {"onnx": str(args.onnx.resolve())}
-    if args.input_shapes:
-        source["input_shapes"] = args.input_shapes
-    return source
+    return onnx_model(args.onnx, args.input_shapes)
 
 
 def print_table(rows: list[dict[str, Any]], times: dict[str, float], args: argparse.Namespace) -> None:
