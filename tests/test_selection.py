@@ -55,6 +55,52 @@ def test_the_default_schedules_model_is_kept_as_the_untuned_library(tmp_path):
         np.testing.assert_array_equal(kept_output, untuned_output)
 
 
+def test_each_rank_is_timed_in_turns_with_the_tuners_best(tmp_path, monkeypatch):
+    """The tuner's best model stays loaded and runs between the other ranks' rounds, so both sides of each
+    comparison meet the machine in the same state; every kernel's choice compares times taken in turns."""
+    import edgetune.selection as selection_module
+
+    relax_mod, target, store, heaviest, inputs, _ = _strided_ranked_first(tmp_path)
+    sequence: list[tuple[int, int]] = []  # (id of the model's VM, inferences) per timing call
+    real_kernel_times = selection_module._kernel_times
+
+    def recorded(vm, arguments, runs, max_s=None):
+        sequence.append((id(vm), runs))
+        return real_kernel_times(vm, arguments, runs, max_s)
+
+    monkeypatch.setattr(selection_module, "_kernel_times", recorded)
+    selection = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2, runs=12)
+
+    best_vm = sequence[0][0]
+    others = [vm for vm, _ in sequence if vm != best_vm]
+    assert len(set(others)) == 2 and selection.models_compiled == 3  # the defaults and rank 1, each against it
+    rank_one = [index for index, (vm, _) in enumerate(sequence) if vm == others[-1]]
+    assert len(rank_one) == 3 and all(sequence[i][1] == 4 for i in rank_one)  # three rounds of 12 / 3 runs
+    assert all(best_vm in (sequence[i - 1][0], sequence[i + 1][0] if i + 1 < len(sequence) else None)
+               for i in rank_one)  # each round of rank 1 next to one of the tuner's best
+    choice = selection.choices[heaviest.name]
+    assert choice.rank in (1, DEFAULT_RANK) and choice.in_model_us < choice.tuner_best_in_model_us / 2, choice
+
+
+def test_where_every_kernel_keeps_the_tuners_best_its_compile_is_the_library(tmp_path):
+    """The build ships the comparison's export of the tuner's best instead of compiling the same model again;
+    where a kernel changed, there is none to ship."""
+    from edgetune.compile import export_library
+
+    relax_mod, target, store, heaviest, inputs, _ = _strided_ranked_first(tmp_path)
+
+    def keep(executable) -> Path:
+        return export_library(executable, tmp_path / "best.so")
+
+    changed = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2, keep_best=keep)
+    assert changed.choices[heaviest.name].rank != 0 and changed.best_library is None
+
+    only_best = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2,
+                                 deadline=time.monotonic(), keep_best=keep)  # nothing else fits: rank 0 kept
+    assert only_best.choices[heaviest.name].rank == 0 and only_best.models_compiled == 1
+    assert only_best.best_library == tmp_path / "best.so" and only_best.best_library.is_file()
+
+
 def _outputs_apart(library: Path, inputs: list) -> list:
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context

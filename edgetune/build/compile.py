@@ -4,14 +4,19 @@ library linked for the device."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edgetune.build.context import TargetBuild
-from edgetune.report.summary import TargetResult
 from edgetune.cuda_precompile import precompile_cuda
+from edgetune.report.summary import TargetResult
+
+if TYPE_CHECKING:
+    from edgetune.selection import Selection
 
 
 @dataclass(frozen=True)
@@ -34,21 +39,32 @@ def compile_stage(ctx: TargetBuild, result: TargetResult, budget_ends: float | N
     database, untuned_library = ctx.store.database, None
     if ctx.candidates > 1:
         ctx.say(f"timing each kernel's {ctx.candidates} best schedules and its default inside the model")
-        database, untuned_library = _select_in_model(ctx, result, samples, budget_ends)
+        selection = _select_in_model(ctx, result, samples, budget_ends)
+        if selection.best_library is not None:
+            ctx.say("every kernel kept the tuner's best schedule: the comparison's compile of it is packaged")
+            return CompiledTarget(selection.best_library, None, samples, selection.default_library)
+        database, untuned_library = selection.database, selection.default_library
     elif ctx.comparison_cut_by_budget:
         result.selection_skipped = "two compiles and runs of the model do not fit its share of the budget"
     ctx.say(f"compiling with the tuned records ({ctx.toolchain.cc.name})")
-    executable = compile_model(ctx.relax_mod, ctx.tvm_target, database, ctx.winograd, on_skip=lambda why: ctx.say(
-        f"warning: a tuned schedule does not replay on kernel {why}; that kernel compiles unscheduled"))
+    executable = compile_model(ctx.relax_mod, ctx.tvm_target, database, ctx.winograd, on_skip=_warn(ctx))
     cuda_kernels = _precompile_kernels(ctx, executable)
     library = export_library(executable, ctx.work_dir / "model.so", ctx.toolchain.fcompile())
     return CompiledTarget(library, cuda_kernels, samples, untuned_library)
 
 
+def _warn(ctx: TargetBuild) -> Callable[[str], None]:
+    """compile_model's `on_skip`: a kernel whose tuned schedule does not replay is named in the build's log."""
+    return lambda why: ctx.say(f"warning: a tuned schedule does not replay on kernel {why}; that kernel compiles "
+                               "unscheduled")
+
+
 def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, np.ndarray],
-                     deadline: float | None):
-    """The database to compile with: each kernel's fastest in the model of its tuned best few and its default,
-    and the untuned model's library, exported when its default schedules were compiled (None if they were not).
+                     deadline: float | None) -> Selection:
+    """The comparison's selection: the database to compile with (each kernel's fastest in the model of its
+    tuned best few and its default), the untuned model's library, exported when its default schedules were
+    compiled (None if they were not), and, where every kernel kept the tuner's best, that model's library,
+    exported by the comparison (the final compile would build the same again).
 
     Fills the result's `selection` summary and each task's `in_model_rank` (0: the tuner's best; None: not
     compared, or `kept_default`: its default schedule beat every tuned one in the model).
@@ -65,9 +81,13 @@ def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, 
     def keep_untuned(executable) -> Path:
         return export_library(executable, ctx.work_dir / "untuned.so", ctx.device.export_function())
 
+    def keep_best(executable) -> Path:  # exported as the final compile exports it
+        return export_library(executable, ctx.work_dir / "model.so", ctx.toolchain.fcompile())
+
     selection = select_schedules(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
                                  tvm.device(ctx.profile.device, 0), ctx.candidates, ctx.winograd, deadline=deadline,
-                                 keep_default=keep_untuned)
+                                 keep_default=keep_untuned, on_skip=_warn(ctx),
+                                 keep_best=keep_best if ctx.profile.device != "cuda" else None)
     for task in result.tasks:
         choice = selection.choices.get(task["name"])
         task["kept_default"] = choice is not None and choice.rank == DEFAULT_RANK
@@ -82,7 +102,7 @@ def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, 
         "tuner_best_in_model_us": selection.tuner_best_in_model_us,
         "stopped_by_budget": selection.stopped_by_deadline,
     }
-    return selection.database, selection.default_library
+    return selection
 
 
 def _precompile_kernels(ctx: TargetBuild, executable) -> str | None:
