@@ -8,7 +8,8 @@ default inside the model (edgetune/selection.py, as the build does) and compiles
 choice and the model with every kernel's tuner-best schedule are then timed in interleaved rounds (the
 order reversed every other round) and printed as ratios to the tuner's best: below 1.00 the comparison
 chose faster schedules, above it its choice cost speed. Where the repeats disagree, the comparison is
-deciding on noise. The record store is only read.
+deciding on noise. Each comparison's whole-model check (its choice timed whole in turns with the tuner's
+best; kept below 1.000) is printed beside it. The record store is only read.
 """
 
 from __future__ import annotations
@@ -68,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         chosen = select_schedules(relax_mod, tvm_target, store.database, inputs, device, args.candidates, winograd)
         ranks = sorted(choice.rank for choice in chosen.choices.values())
-        print(f"comparison {repeat + 1}: {time.monotonic() - started:.0f} s, ranks chosen {ranks}", flush=True)
+        verified = "-" if chosen.verified_ratio is None else f"{chosen.verified_ratio:.3f}"
+        print(f"comparison {repeat + 1}: {time.monotonic() - started:.0f} s, ranks chosen {ranks}, whole-model "
+              f"check {verified}", flush=True)
         libraries[f"comparison {repeat + 1}"] = export_library(
             compile_model(relax_mod, tvm_target, chosen.database, winograd), work / f"chosen{repeat}.so")
 

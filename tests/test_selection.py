@@ -82,23 +82,43 @@ def test_each_rank_is_timed_in_turns_with_the_tuners_best(tmp_path, monkeypatch)
     assert choice.rank in (1, DEFAULT_RANK) and choice.in_model_us < choice.tuner_best_in_model_us / 2, choice
 
 
-def test_where_every_kernel_keeps_the_tuners_best_its_compile_is_the_library(tmp_path):
-    """The build ships the comparison's export of the tuner's best instead of compiling the same model again;
-    where a kernel changed, there is none to ship."""
+def test_the_chosen_model_stands_only_if_it_runs_faster_whole_and_ships_as_compiled(tmp_path):
+    """Choices made kernel by kernel are compiled into one model and timed whole, in turns with the tuner's
+    best: the faster of the two is the library the build ships, as the comparison exported it."""
     from edgetune.compile import export_library
 
     relax_mod, target, store, heaviest, inputs, _ = _strided_ranked_first(tmp_path)
+    exported: dict[str, Path] = {}
 
-    def keep(executable) -> Path:
-        return export_library(executable, tmp_path / "best.so")
+    def keep(executable, name: str) -> Path:
+        exported[name] = export_library(executable, tmp_path / f"{name}.so")
+        return exported[name]
 
-    changed = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2, keep_best=keep)
-    assert changed.choices[heaviest.name].rank != 0 and changed.best_library is None
+    changed = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2, keep_tuned=keep)
+    assert changed.choices[heaviest.name].rank != 0  # the strided schedule loses, in the kernel and whole
+    assert changed.verified_ratio is not None and changed.verified_ratio < 0.5
+    assert set(exported) == {"best", "chosen"} and changed.library == exported["chosen"]
 
+    exported.clear()
     only_best = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2,
-                                 deadline=time.monotonic(), keep_best=keep)  # nothing else fits: rank 0 kept
+                                 deadline=time.monotonic(), keep_tuned=keep)  # nothing else fits: rank 0 kept
     assert only_best.choices[heaviest.name].rank == 0 and only_best.models_compiled == 1
-    assert only_best.best_library == tmp_path / "best.so" and only_best.best_library.is_file()
+    assert only_best.verified_ratio is None and only_best.library == exported["best"] == tmp_path / "best.so"
+
+
+def test_a_choice_slower_as_a_whole_model_gives_way_to_the_tuners_best(tmp_path, monkeypatch):
+    """Where the whole chosen model runs slower than the tuner's best (kernels timed in different models need
+    not add up), every kernel keeps the tuner's best and its export is the library."""
+    import edgetune.selection as selection_module
+
+    relax_mod, target, store, heaviest, inputs, _ = _strided_ranked_first(tmp_path)
+    monkeypatch.setattr(selection_module, "_model_ratio", lambda best, chosen, runs: 1.02)  # as timed in a slow spell
+    kept = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2,
+                            keep_tuned=lambda executable, name: tmp_path / name)
+
+    assert kept.verified_ratio == 1.02 and kept.library == tmp_path / "best"
+    assert kept.choices[heaviest.name].rank == 0 and kept.in_model_us == kept.tuner_best_in_model_us
+    assert len(kept.database.get_all_tuning_records()) == 1  # the strided schedule, the tuner's best
 
 
 def _outputs_apart(library: Path, inputs: list) -> list:

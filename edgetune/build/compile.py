@@ -40,9 +40,12 @@ def compile_stage(ctx: TargetBuild, result: TargetResult, budget_ends: float | N
     if ctx.candidates > 1:
         ctx.say(f"timing each kernel's {ctx.candidates} best schedules and its default inside the model")
         selection = _select_in_model(ctx, result, samples, budget_ends)
-        if selection.best_library is not None:
-            ctx.say("every kernel kept the tuner's best schedule: the comparison's compile of it is packaged")
-            return CompiledTarget(selection.best_library, None, samples, selection.default_library)
+        if selection.verified_ratio is not None:
+            packaged = "it" if selection.verified_ratio < 1 else "the tuner's best"
+            ctx.say(f"the chosen schedules' model took {selection.verified_ratio:.3f}x the tuner's best's time, "
+                    f"timed whole in turns: {packaged} is packaged")
+        if selection.library is not None:  # the comparison compiled and exported what it chose
+            return CompiledTarget(selection.library, None, samples, selection.default_library)
         database, untuned_library = selection.database, selection.default_library
     elif ctx.comparison_cut_by_budget:
         result.selection_skipped = "two compiles and runs of the model do not fit its share of the budget"
@@ -63,8 +66,8 @@ def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, 
                      deadline: float | None) -> Selection:
     """The comparison's selection: the database to compile with (each kernel's fastest in the model of its
     tuned best few and its default), the untuned model's library, exported when its default schedules were
-    compiled (None if they were not), and, where every kernel kept the tuner's best, that model's library,
-    exported by the comparison (the final compile would build the same again).
+    compiled (None if they were not), and the library of the model that stands (the chosen schedules' where
+    they ran faster whole than the tuner's best, else the tuner's best), exported by the comparison.
 
     Fills the result's `selection` summary and each task's `in_model_rank` (0: the tuner's best; None: not
     compared, or `kept_default`: its default schedule beat every tuned one in the model).
@@ -81,13 +84,13 @@ def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, 
     def keep_untuned(executable) -> Path:
         return export_library(executable, ctx.work_dir / "untuned.so", ctx.device.export_function())
 
-    def keep_best(executable) -> Path:  # exported as the final compile exports it
-        return export_library(executable, ctx.work_dir / "model.so", ctx.toolchain.fcompile())
+    def keep_tuned(executable, name: str) -> Path:  # exported as the final compile exports it
+        return export_library(executable, ctx.work_dir / f"model-{name}.so", ctx.toolchain.fcompile())
 
     selection = select_schedules(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
                                  tvm.device(ctx.profile.device, 0), ctx.candidates, ctx.winograd, deadline=deadline,
                                  keep_default=keep_untuned, on_skip=_warn(ctx),
-                                 keep_best=keep_best if ctx.profile.device != "cuda" else None)
+                                 keep_tuned=keep_tuned if ctx.profile.device != "cuda" else None)
     for task in result.tasks:
         choice = selection.choices.get(task["name"])
         task["kept_default"] = choice is not None and choice.rank == DEFAULT_RANK
@@ -101,6 +104,7 @@ def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, 
         "in_model_us": selection.in_model_us,
         "tuner_best_in_model_us": selection.tuner_best_in_model_us,
         "stopped_by_budget": selection.stopped_by_deadline,
+        "verified_ratio": selection.verified_ratio,
     }
     return selection
 

@@ -258,7 +258,15 @@ def _selection_line(selection: dict[str, Any] | None, kept_s: float, skipped: st
             f"than the tuner's best ran faster there for {len(changed)} kernels, and the default schedule beat "
             f"every tuned one for {len(kept_default)}; the kernels took "
             f"{selection['tuner_best_in_model_us']:.0f} us per inference with the tuner's best, "
-            f"{selection['in_model_us']:.0f} us with those chosen")
+            f"{selection['in_model_us']:.0f} us with those chosen{_verified(selection.get('verified_ratio'))}")
+
+
+def _verified(ratio: float | None) -> str:
+    """What came of timing the chosen schedules' whole model in turns with the tuner's best."""
+    if ratio is None:
+        return ""
+    outcome = "it is packaged" if ratio < 1.0 else "so every kernel keeps the tuner's best"
+    return f"; the chosen model, timed whole in turns with the tuner's best, took {ratio:.3f}x its time: {outcome}"
 
 
 def _search_line(search: str | None, result: TargetResult) -> str:
