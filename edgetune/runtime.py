@@ -10,11 +10,15 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import tvm
 from tvm import relax
+
+T = TypeVar("T")
 
 _BIG_CORES = 1  # TVM's ThreadGroup affinity mode: threads on the fastest cores, one per core
 
@@ -99,3 +103,22 @@ def release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: its allocator decides
         pass
+
+
+def in_turns(first: Callable[[], T], second: Callable[[], T], rounds: int,
+             enough: Callable[[], bool] | None = None) -> list[tuple[T, T]]:
+    """`rounds` pairs of what `first` and `second` return, the two called in turns (`first` leads in even
+    rounds, `second` in odd ones): this machine's speed drifts for seconds at a time, and so a slow spell
+    meets both sides of a round, or one round of each, which a median over rounds leaves out. `enough()`,
+    asked after each round, ends the rounds early."""
+    pairs: list[tuple[T, T]] = []
+    for index in range(rounds):
+        if index % 2 == 0:
+            result_of_first = first()
+            pairs.append((result_of_first, second()))
+        else:
+            result_of_second = second()
+            pairs.append((first(), result_of_second))
+        if enough is not None and enough():
+            break
+    return pairs

@@ -37,6 +37,7 @@ from tvm.s_tir.meta_schedule.relax_integration import extract_tasks as ms_extrac
 from edgetune.compile import compile_model
 from edgetune.frontend.onnx import fuse_for_tuning
 from edgetune.frontend.winograd import WinogradPolicy
+from edgetune.runtime import in_turns
 from edgetune.tuning.database.store import commit_record
 from edgetune.tuning.measurements import FAILED, mean_seconds
 from edgetune.tuning.tasks import MODULE_EQUALITY
@@ -163,12 +164,10 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
 
 def _model_ratio(best: _TimedModel, chosen: _TimedModel, runs: int) -> float:
     """The chosen model's time per inference over the tuner's best's: the median over rounds in turns."""
-    ratios = []
-    for index in range(_PAIRED_ROUNDS):
-        pair = (chosen, best) if index % 2 == 0 else (best, chosen)
-        seconds = {id(model): model.inference_seconds(max(1, runs // _PAIRED_ROUNDS)) for model in pair}
-        ratios.append(seconds[id(chosen)] / seconds[id(best)])
-    return median(ratios)
+    per_round = max(1, runs // _PAIRED_ROUNDS)
+    pairs = in_turns(lambda: chosen.inference_seconds(per_round), lambda: best.inference_seconds(per_round),
+                     _PAIRED_ROUNDS)
+    return median(theirs / ours for theirs, ours in pairs)
 
 
 _PAIRED_ROUNDS = 3
@@ -207,18 +206,19 @@ def _in_turns(best: _TimedModel, other: _TimedModel, runs: int, max_s: float | N
     two take turns. A model slower than `max_s` per round (the default schedules': a ResNet-50 runs 5.9 s
     untuned) is timed in one round."""
     per_round = max(1, runs // _PAIRED_ROUNDS)
+    round_started = time.perf_counter()
+
+    def slow_round() -> bool:  # the default schedules' model: one round
+        nonlocal round_started
+        slow, round_started = max_s is not None and time.perf_counter() - round_started > max_s, time.perf_counter()
+        return slow
+
     ratios: dict[int, list[float]] = defaultdict(list)
-    for index in range(_PAIRED_ROUNDS):
-        round_started = time.perf_counter()
-        if index % 2 == 0:
-            theirs, ours = other.kernel_times(per_round, max_s), best.kernel_times(per_round)
-        else:
-            ours, theirs = best.kernel_times(per_round), other.kernel_times(per_round, max_s)
+    for theirs, ours in in_turns(lambda: other.kernel_times(per_round, max_s), lambda: best.kernel_times(per_round),
+                                 _PAIRED_ROUNDS, slow_round):
         for key, microseconds in theirs.items():
             if ours.get(key, 0.0) > 0:
                 ratios[key].append(microseconds / ours[key])
-        if max_s is not None and time.perf_counter() - round_started > max_s:
-            break
     return {key: median(values) for key, values in ratios.items()}
 
 

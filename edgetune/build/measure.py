@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from edgetune.build.context import TargetBuild
+from edgetune.runtime import in_turns
 
 TIMING_ROUNDS = 3
 """Rounds of timing of the tuned model and the reference on this machine (alternating_medians)."""
@@ -61,16 +62,8 @@ def alternating_medians(time_ours: Callable[[], float], time_reference: Callable
     """Each side's timing `rounds` times, taking turns: a slow window (one second of a ResNet-50's timing
     once came out a quarter slow in its build) then falls in one round of one side, and the medians over
     rounds leave it out. The two sides share the machine's state, round by round."""
-    ours: list[float] = []
-    reference: list[float] = []
-    for index in range(rounds):
-        if index % 2 == 0:
-            ours.append(time_ours())
-            reference.append(time_reference())
-        else:
-            reference.append(time_reference())
-            ours.append(time_ours())
-    return ours, reference
+    pairs = in_turns(time_ours, time_reference, rounds)
+    return [ours for ours, _ in pairs], [reference for _, reference in pairs]
 
 
 def _say_spread(ctx: TargetBuild, what: str, rounds_ms: list[float]) -> None:
