@@ -11,7 +11,8 @@ for this machine (host profile, 2 cores) with draft-verify under the same budget
 rotating, each as the `edgetune build` command in its own process with a fresh record store. Then all
 artifacts and ONNX Runtime are timed interleaved on the idle machine.
 
-Printed: per build, the seconds tuned, trials and the final latency; per variant, the median and range over
+Printed: per build, the seconds tuned, trials, the tuning time after which it first beat ONNX Runtime
+(the build's own estimate) and the final latency; per variant, the median and range over
 seeds, and each variant's median against the first's.
 """
 
@@ -123,11 +124,13 @@ def model_mapping(args: argparse.Namespace) -> dict[str, Any]:
 def print_table(rows: list[dict[str, Any]], times: dict[str, float], args: argparse.Namespace) -> None:
     ort = times["onnxruntime"]
     print(f"\n{args.onnx or args.model}, {args.budget_min} min budget, seeds {args.seeds}; ONNX Runtime {ort:.2f} ms")
-    print("variant               seed  tuning s  trials  build s  final ms  vs ORT")
+    print("variant               seed  tuning s  trials  build s  beat ORT s  final ms  vs ORT")
     for r in rows:
         r["final_ms"] = final = times[f"{r['variant']}-{r['seed']}"]
+        beat = r.get("time_to_beat_reference_s")  # the build's own estimate, against its own ORT timing
         print(f"{r['variant']:20s}  {r['seed']:4d}  {r['tuning_s']:8.0f}  {r['trials_measured']:6d}  "
-              f"{r['build_wall_s']:7.0f}  {final:8.2f}  {ort / final:5.2f}x")
+              f"{r['build_wall_s']:7.0f}  {'never' if beat is None else f'{beat:.0f}':>10s}  {final:8.2f}  "
+              f"{ort / final:5.2f}x")
     medians = {}
     for variant in args.variant:
         finals = [r["final_ms"] for r in rows if r["variant"] == variant.name]

@@ -8,11 +8,14 @@ import time
 import pytest
 import tvm
 from tvm import te
+from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from tvm.s_tir.meta_schedule.builder import BuilderInput
 from tvm.s_tir.meta_schedule.runner import RunnerInput
+from tvm.s_tir.schedule import Schedule
 
-from edgetune.tuning.builder import CandidateBuilder
+from edgetune.tuning.builder import STRAGGLER_FLOOR_S, CandidateBuilder, cut_stragglers
+from edgetune.tuning.intrinsics import register_tensor_intrinsics
 from edgetune.tuning.local_runner import LocalCandidateRunner
 from edgetune.tuning.tune import local_builder_runner
 from edgetune.tuning.worker_pool import WorkerPool
@@ -86,3 +89,83 @@ def test_a_failing_candidate_is_an_error_message_not_an_exception(tmp_path) -> N
         assert "LocalRunner: An exception occurred" in measured.result().error_msg
     finally:
         runner.close()
+
+
+def test_a_job_running_far_longer_than_its_batch_is_cut_and_its_worker_replaced() -> None:
+    pool = WorkerPool(2, timeout=None)
+    try:
+        workers = {os.getpid()}
+        started = time.monotonic()
+        jobs = [pool.submit_job(60.0, time.sleep, 0.2) for _ in range(3)] + [pool.submit_job(60.0, time.sleep, 30)]
+        assert cut_stragglers(jobs, factor=5, floor_s=1.0) == 1
+        assert time.monotonic() - started < 10
+        assert [job.cut_short for job in jobs] == [False, False, False, True]
+        assert all(job.future.result() is None for job in jobs[:3])
+        with pytest.raises(ChildProcessError):
+            jobs[3].future.result()
+        assert jobs[3].seconds() < 5
+        after = [pool.submit_job(60.0, os.getpid) for _ in range(4)]  # the killed worker is replaced
+        assert cut_stragglers(after) == 0 and all(job.future.result() not in workers for job in after[:1])
+    finally:
+        pool.shutdown()
+
+
+def test_a_batch_of_quick_jobs_loses_none_to_the_straggler_rule() -> None:
+    pool = WorkerPool(2, timeout=None)
+    try:
+        jobs = [pool.submit_job(60.0, time.sleep, seconds) for seconds in (0.05, 0.05, 0.1, 0.8)]
+        assert cut_stragglers(jobs, factor=5, floor_s=1.0) == 0  # 16x the median, but under the floor
+        assert all(job.future.result() is None and not job.cut_short for job in jobs)
+    finally:
+        pool.shutdown()
+
+
+def _classifier() -> tvm.IRModule:
+    """ResNet-18's last layer: a 1x512 by 512x1000 matmul and its bias."""
+    x = te.placeholder((1, 512), name="x")
+    w = te.placeholder((512, 1000), name="w")
+    bias = te.placeholder((1000,), name="bias")
+    k = te.reduce_axis((0, 512), name="k")
+    product = te.compute((1, 1000), lambda i, j: te.sum(x[i, k] * w[k, j], axis=k), name="matmul")
+    out = te.compute((1, 1000), lambda i, j: product[i, j] + bias[j], name="T_add")
+    return tvm.IRModule({"main": te.create_prim_func([x, w, bias, out])})
+
+
+def _classifier_candidates(decisions: list[tuple[list[list[int]], int]]) -> list[BuilderInput]:
+    """Candidates of TVM's first design space for `_classifier` on an AVX-512 CPU: tiles and unroll given."""
+    mod = _classifier()
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+    register_tensor_intrinsics(target)  # what a build does: TuneContext would import every target's (25 s)
+    context = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply",
+                             search_strategy="evolutionary", num_threads=1)
+    space = context.space_generator.generate_design_space(mod)[0].trace
+    candidates = []
+    for tiles, unroll in decisions:
+        trace = space
+        for instruction, decision in zip(space.decisions.keys(), [*tiles, unroll]):
+            trace = trace.with_decision(instruction, decision, True)
+        schedule = Schedule(mod)
+        trace.apply_to_schedule(schedule, remove_postproc=False)
+        assert all(postproc.apply(schedule) for postproc in context.space_generator.postprocs)
+        candidates.append(BuilderInput(schedule.mod, target))
+    return candidates
+
+
+@pytest.mark.slow
+def test_a_candidate_whose_build_takes_far_longer_than_its_batch_is_cut_short() -> None:
+    """Vectors of 40 lanes under an unroll of 512 keep LLVM busy for 16-33 s here (a candidate TVM's search
+    drew in a ResNet-18 build); its batch's other candidates build in a fraction of a second."""
+    quick = [([[1, 1, 1, 1], [1, 20, 1, 50], [32, 16]], 0)] * 4
+    straggler = ([[1, 1, 1, 1], [1, 25, 1, 40], [64, 8]], 3)
+    batch = _classifier_candidates([*quick[:2], straggler, *quick[2:]])
+    builder = CandidateBuilder(max_workers=2)
+    try:
+        started = time.monotonic()
+        results = builder.build(batch)
+        assert time.monotonic() - started < STRAGGLER_FLOOR_S + 5
+        assert [r.error_msg is None for r in results] == [True, True, False, True, True]
+        assert "a straggler, killed after" in results[2].error_msg
+        (again,) = builder.build(batch[:1])  # the killed worker is replaced
+        assert again.error_msg is None, again.error_msg
+    finally:
+        builder.close()

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from edgetune.build.context import Event, TargetBuild
-from edgetune.report.summary import TargetResult
 from edgetune.frontend.onnx import fuse_for_tuning
+from edgetune.report.summary import TargetResult
+from edgetune.tuning.builder import STRAGGLER_FACTOR
 from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.measurements import NoiseCounts
 from edgetune.tuning.shards import tune_in_shards
@@ -59,6 +60,10 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
         kept = "its best schedule so far" if t.best_us is not None else "its untuned schedule"
         ctx.say(f"warning: tuning of task {t.name} failed ({t.tuning_failed}); it keeps {kept}")
     noise = NoiseCounts.total(t.timings for t in tuning.tasks)
+    builds_cut = sum(t.builds_cut for t in tuning.tasks)
+    if builds_cut:
+        ctx.say(f"builds cut short: {builds_cut} (each ran over {STRAGGLER_FACTOR:g} times its batch's median "
+                "build)")
     return TargetResult(
         ctx.name,
         trials_measured=tuning.trials_measured,
@@ -75,6 +80,7 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
         timings_disturbed=noise.disturbed,
         timings_remeasured=noise.remeasured,
         timings_still_disturbed=noise.still_disturbed,
+        builds_cut=builds_cut,
     )
 
 
@@ -120,6 +126,7 @@ def _task_summary(task, search: str) -> dict[str, Any]:
         "tuning_failed": task.tuning_failed,
         "timings_disturbed": task.timings.disturbed,
         "timings_remeasured": task.timings.remeasured,
+        "builds_cut": task.builds_cut,
     }
 
 

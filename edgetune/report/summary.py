@@ -37,6 +37,8 @@ class TargetResult(BaseModel):
     """...those of them near their task's best, so measured again..."""
     timings_still_disturbed: int = 0
     """...and of those, the ones that no re-measurement gave undisturbed."""
+    builds_cut: int = 0
+    """Candidates whose build ran far longer than the rest of their batch, killed and recorded as failed."""
     tuning_stopped_by: list[str] = []
     """What ended the tuning of its tasks: "time_budget" (tasks cut or skipped), "trials_per_task" (a task
     reached its trials), "search_space" (a search ran out of schedules it had not measured), "failed";

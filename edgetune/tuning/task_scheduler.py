@@ -61,6 +61,7 @@ class TaskOutcome:
     search: SearchCounts = field(default_factory=SearchCounts)  # draft-verify's candidates per stage
     tuning_failed: str | None = None  # "<ExcType>: <message>" of the exception that ended its tuning
     timings: NoiseCounts = field(default_factory=NoiseCounts)  # its timings other work disturbed (TimingNoise)
+    builds_cut: int = 0  # candidates whose build ran far longer than their batch's, killed (builder.cut_stragglers)
     sibling_seeds: int = 0  # siblings' best schedules waiting to be measured first: under a budget, its first round
 
     @property

@@ -33,7 +33,7 @@ from edgetune.fleet.endpoints import RemoteDevice
 from edgetune.profiles import Hardware
 from edgetune.runtime import use_cpu_threads
 from edgetune.tuning import search_strategy
-from edgetune.tuning.builder import CandidateBuilder
+from edgetune.tuning.builder import STRAGGLER_ERROR, CandidateBuilder
 from edgetune.tuning.cost_model.ranking import RankingCostModel
 from edgetune.tuning.cost_model.transfer import TransferCostModel, TransferMode
 from edgetune.tuning.database.store import RecordStore
@@ -149,7 +149,7 @@ def _stop_requests() -> Iterator[threading.Event]:
 class _ReportProgress(PyMeasureCallback):
     """Counts the trials of the running task and reports the best latency after every batch."""
 
-    def __init__(self, on_batch: Callable[[int, float | None], None], stop: threading.Event):
+    def __init__(self, on_batch: Callable[[int, float | None, int], None], stop: threading.Event):
         self.on_batch = on_batch
         self.stop = stop
 
@@ -159,7 +159,8 @@ class _ReportProgress(PyMeasureCallback):
             if built.error_msg is None and ran.error_msg is None and ran.run_secs:
                 secs = sum(float(s) for s in ran.run_secs) / len(ran.run_secs)
                 fastest = secs if fastest is None else min(fastest, secs)
-        self.on_batch(len(measure_candidates), fastest)
+        builds_cut = sum(1 for built in builder_results if (built.error_msg or "").startswith(STRAGGLER_ERROR))
+        self.on_batch(len(measure_candidates), fastest, builds_cut)
         if self.stop.is_set():  # the default callbacks before this one have committed the batch
             raise TuningInterrupted("stop requested")
 
@@ -346,11 +347,12 @@ def _tune_one(task, index, total, trials, enough, target, store, plan, builder, 
     """Up to `trials` measurements of one task; no further search iteration once `enough` were sent."""
     best = store.best_seconds(task)
 
-    def on_batch(measured: int, fastest: float | None) -> None:
+    def on_batch(measured: int, fastest: float | None, builds_cut: int) -> None:
         nonlocal best
         if measured == 0:  # the search found no new candidate (it gives up after a few such rounds)
             return
         outcome.trials_measured += measured
+        outcome.builds_cut += builds_cut
         if fastest is not None and (best is None or fastest < best):
             best = fastest
         store.log_batch({

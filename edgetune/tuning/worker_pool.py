@@ -15,7 +15,9 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future
+
 from tvm.support.popen_pool import PopenPoolExecutor, PopenWorker
 
 _USES_PER_WORKER = 64
@@ -44,6 +46,47 @@ def ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+class Job:
+    """A job of the pool that can be cut short: which worker runs it, since when, and for how long it ran."""
+
+    def __init__(self) -> None:
+        self.future: Future | None = None
+        self.cut_short = False
+        self._lock = threading.Lock()
+        self._worker: PopenWorker | None = None
+        self._started: float | None = None
+        self._ended: float | None = None
+
+    def seconds(self) -> float:
+        """Seconds it has run on its worker (0 while it waits for one), or ran once it ended."""
+        with self._lock:
+            if self._started is None:
+                return 0.0
+            return (self._ended or time.monotonic()) - self._started
+
+    def cut(self) -> bool:
+        """Kills the worker process running this job; its future then raises. False if it is not running."""
+        with self._lock:
+            running = self._worker is not None and self._ended is None
+            process = self._worker._proc if running else None
+            if process is None:
+                return False
+            self.cut_short = True
+            process.kill()
+            return True
+
+    def mark_started(self, worker: PopenWorker) -> None:
+        with self._lock:
+            self._worker, self._started = worker, time.monotonic()
+
+    def mark_ended(self) -> None:
+        """Marks it ended; a worker killed by `cut` after its answer came is cleaned up for a fresh start."""
+        with self._lock:
+            self._ended = time.monotonic()
+            if self.cut_short and self._worker is not None:
+                self._worker.kill()
+
+
 class WorkerPool(PopenPoolExecutor):
     """TVM's PopenPoolExecutor over TorchFreeWorker processes, each reused for `_USES_PER_WORKER` jobs.
 
@@ -58,11 +101,17 @@ class WorkerPool(PopenPoolExecutor):
         """`fn(*args)` on a worker, killed after `timeout` seconds (None: never)."""
         return self._threadpool.submit(self._run_on_worker, fn, args, {}, timeout)
 
+    def submit_job(self, timeout: float | None, fn, *args) -> Job:
+        """`fn(*args)` on a worker, killed after `timeout` seconds or when the caller cuts it short."""
+        job = Job()
+        job.future = self._threadpool.submit(self._run_on_worker, fn, args, {}, timeout, job)
+        return job
+
     def _worker_run(self, fn, args, kwargs):
         """PopenPoolExecutor's own entry point (submit, map), with the pool's timeout."""
         return self._run_on_worker(fn, args, kwargs, self._timeout)
 
-    def _run_on_worker(self, fn, args, kwargs, timeout: float | None):
+    def _run_on_worker(self, fn, args, kwargs, timeout: float | None, job: Job | None = None):
         """PopenPoolExecutor's own, with the worker class replaced: one worker per pool thread."""
         with self._lock:
             thread = threading.get_ident()
@@ -72,7 +121,13 @@ class WorkerPool(PopenPoolExecutor):
                                                            self._stderr)
             worker = self._worker_map[thread]
         worker.send(fn, args, kwargs, timeout)
-        return worker.recv()
+        if job is None:
+            return worker.recv()
+        job.mark_started(worker)
+        try:
+            return worker.recv()
+        finally:
+            job.mark_ended()
 
     def shutdown(self, wait: bool = True) -> None:
         """Ends the workers; a pool shared by a builder and a runner is shut down by whichever closes first."""
