@@ -99,7 +99,7 @@ class WorkerPool(PopenPoolExecutor):
 
     def submit_with_timeout(self, timeout: float | None, fn, *args) -> Future:
         """`fn(*args)` on a worker, killed after `timeout` seconds (None: never)."""
-        return self._threadpool.submit(self._run_on_worker, fn, args, {}, timeout)
+        return self.submit_job(timeout, fn, *args).future
 
     def submit_job(self, timeout: float | None, fn, *args) -> Job:
         """`fn(*args)` on a worker, killed after `timeout` seconds or when the caller cuts it short."""
@@ -109,9 +109,9 @@ class WorkerPool(PopenPoolExecutor):
 
     def _worker_run(self, fn, args, kwargs):
         """PopenPoolExecutor's own entry point (submit, map), with the pool's timeout."""
-        return self._run_on_worker(fn, args, kwargs, self._timeout)
+        return self._run_on_worker(fn, args, kwargs, self._timeout, Job())
 
-    def _run_on_worker(self, fn, args, kwargs, timeout: float | None, job: Job | None = None):
+    def _run_on_worker(self, fn, args, kwargs, timeout: float | None, job: Job):
         """PopenPoolExecutor's own, with the worker class replaced: one worker per pool thread."""
         with self._lock:
             thread = threading.get_ident()
@@ -121,8 +121,6 @@ class WorkerPool(PopenPoolExecutor):
                                                            self._stderr)
             worker = self._worker_map[thread]
         worker.send(fn, args, kwargs, timeout)
-        if job is None:
-            return worker.recv()
         job.mark_started(worker)
         try:
             return worker.recv()
