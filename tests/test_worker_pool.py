@@ -91,12 +91,14 @@ def test_a_failing_candidate_is_an_error_message_not_an_exception(tmp_path) -> N
         runner.close()
 
 
-def test_a_job_running_far_longer_than_its_batch_is_cut_and_its_worker_replaced() -> None:
+def test_a_job_running_far_longer_than_its_batch_is_cut_and_its_worker_replaced(tmp_path) -> None:
     pool = WorkerPool(2, timeout=None)
     try:
-        workers = {os.getpid()}
         started = time.monotonic()
-        jobs = [pool.submit_job(60.0, time.sleep, 0.2) for _ in range(3)] + [pool.submit_job(60.0, time.sleep, 30)]
+        jobs = [pool.submit_job(60.0, time.sleep, 0.2) for _ in range(3)]
+        pid_file = tmp_path / "pid"  # the straggler says which worker process runs it, then sleeps
+        jobs.append(pool.submit_job(60.0, exec, f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid()))"
+                                                "; time.sleep(30)"))
         assert cut_stragglers(jobs, factor=5, floor_s=1.0) == 1
         assert time.monotonic() - started < 10
         assert [job.cut_short for job in jobs] == [False, False, False, True]
@@ -104,8 +106,13 @@ def test_a_job_running_far_longer_than_its_batch_is_cut_and_its_worker_replaced(
         with pytest.raises(ChildProcessError):
             jobs[3].future.result()
         assert jobs[3].seconds() < 5
-        after = [pool.submit_job(60.0, os.getpid) for _ in range(4)]  # the killed worker is replaced
-        assert cut_stragglers(after) == 0 and all(job.future.result() not in workers for job in after[:1])
+        straggler = int(pid_file.read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(straggler, 0)  # its worker process is gone
+        after = [pool.submit_job(60.0, time.sleep, 0.2) for _ in range(2)]  # one on each pool thread...
+        after += [pool.submit_job(60.0, os.getpid) for _ in range(2)]
+        assert cut_stragglers(after) == 0
+        assert all(isinstance(job.future.result(), int) and job.future.result() != straggler for job in after[2:])
     finally:
         pool.shutdown()
 
