@@ -125,6 +125,11 @@ def test_archive_unpacks_to_checked_manifest_and_a_matching_run_script(built, tm
     with np.load(unpacked / "out.npz") as ours, np.load(unpacked / "reference_output.npz") as reference:
         np.testing.assert_allclose(ours["logits"], reference["logits"], rtol=1e-4, atol=1e-4)
 
+    # run.py needs TVM's runtime alone, as on a device with no compiler: TVM_USE_RUNTIME_LIB=1 loads only that
+    runtime_only = subprocess.run([sys.executable, "run.py", "--check"], cwd=unpacked, capture_output=True, text=True,
+                                  timeout=120, env={**os.environ, "TVM_USE_RUNTIME_LIB": "1"})
+    assert runtime_only.returncode == 0 and "OK" in runtime_only.stdout, runtime_only.stdout + runtime_only.stderr
+
     # run.py runs TVM's kernels on the target's cores, whatever TVM itself would guess
     script = "import runpy; run = runpy.run_path('run.py'); print(run['tvm'].get_global_func('runtime.NumThreads')())"
     pool = subprocess.run([sys.executable, "-c", script], cwd=unpacked, capture_output=True, text=True, timeout=120,
