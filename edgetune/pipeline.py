@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import edgetune
 from edgetune.archive import archive_directory
@@ -21,7 +23,6 @@ from edgetune.build.compile import compile_stage
 from edgetune.build.context import Event, EventFn, StoreLocation, TargetBuild
 from edgetune.build.measure import measure_stage
 from edgetune.build.package import package_stage
-from edgetune.report.summary import SUMMARY_NAME, BuildResult, TargetResult
 from edgetune.build.tune import tune_stage
 from edgetune.build.verify import fill_from_manifest, verify_stage
 from edgetune.devices import open_device
@@ -36,11 +37,14 @@ from edgetune.profiles import DeviceProfile, resolve_profile
 from edgetune.recipe import FleetTarget, Recipe
 from edgetune.reference import ReferenceRuntime
 from edgetune.report import render_report
+from edgetune.report.summary import SUMMARY_NAME, BuildResult, TargetResult
 from edgetune.runtime import release_freed_memory
 from edgetune.toolchains import check_toolchains
 from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.shards import ShardPool
 from edgetune.tuning.tune import TuningInterrupted
+
+T = TypeVar("T")
 
 def build(recipe: Recipe, only: list[str] | None = None, on_event: EventFn | None = None,
           records_dir: Path | None = None, sign_key: Path | None = None, task_pool: ShardPool | None = None,
@@ -176,9 +180,21 @@ def _select(recipe: Recipe, only: list[str] | None) -> list[FleetTarget]:
 
 
 def _build_target(ctx: TargetBuild) -> TargetResult:
-    """The stages in order for one target; a target whose inputs are unchanged keeps its artifact."""
+    """The stages in order for one target; a target whose inputs are unchanged keeps its artifact. Each stage's
+    seconds go into the result's `stage_s`, so a reader sees where the budget went."""
+    stages = {"import": time.monotonic() - ctx.started}  # the model's import, for the recipe's first target
+
+    def timed(name: str, stage: Callable[[], T]) -> T:
+        start = time.monotonic()
+        try:
+            return stage()
+        finally:
+            stages[name] = time.monotonic() - start
+            release_freed_memory()
+
     _check_device(ctx)
-    result = tune_stage(ctx)
+    result = timed("tune", lambda: tune_stage(ctx))
+    result.stage_s = stages
     result.device = ctx.device.summary()
     # the in-model comparison ends early enough for the stages after it to end within the budget
     budget_ends = ctx.budget_ends - ctx.finish_reserve_s if ctx.budget_ends is not None else None
@@ -192,14 +208,11 @@ def _build_target(ctx: TargetBuild) -> TargetResult:
         result.reused = True
         result.anchor_tuning_curve()
         return result
-    release_freed_memory()
-    compiled = compile_stage(ctx, result, budget_ends)
-    release_freed_memory()
-    latency = measure_stage(ctx, compiled.library, compiled.samples, compiled.untuned_library)
-    release_freed_memory()
-    packaged = package_stage(ctx, result, compiled, latency, inputs_hash)
-    release_freed_memory()
-    verify_stage(ctx, result, packaged)
+    compiled = timed("compile", lambda: compile_stage(ctx, result, budget_ends))
+    latency = timed("measure", lambda: measure_stage(ctx, compiled.library, compiled.samples, compiled.untuned_library))
+    packaged = timed("package", lambda: package_stage(ctx, result, compiled, latency, inputs_hash))
+    timed("verify", lambda: verify_stage(ctx, result, packaged))
+    ctx.say("seconds per stage: " + ", ".join(f"{name} {seconds:.0f}" for name, seconds in stages.items()))
     result.anchor_tuning_curve()
     return result
 

@@ -56,6 +56,15 @@ def test_the_summary_has_the_models_latency_along_the_tuning_and_the_time_it_bea
     assert host["time_to_beat_reference_s"] == (beaten[0] if beaten else None)
 
 
+def test_the_summary_says_how_long_each_stage_took(built) -> None:
+    _, summary, _ = built
+    host = summary["targets"]["host"]
+    stages = host["stage_s"]
+    assert list(stages) == ["import", "tune", "compile", "measure", "package", "verify"]
+    assert all(seconds > 0 for seconds in stages.values())
+    assert stages["tune"] >= host["tuning_s"] and sum(stages.values()) <= host["wall_s"] + 0.01
+
+
 def test_the_summary_counts_the_timings_other_work_disturbed_per_task_and_in_total(built) -> None:
     _, summary, _ = built
     host = summary["targets"]["host"]
