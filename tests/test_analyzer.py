@@ -124,6 +124,35 @@ def test_structural_reading_agrees_with_the_tir_walk_on_cpu():
     assert correlation > 0.9
 
 
+def winograd_conv2d(channels: int = 64, size: int = 14, tile: int = 4) -> tvm.IRModule:
+    """An NHWC 3x3 convolution as edgetune's Winograd kernel: padding, tile gathering, data transform, batched
+    GEMM, inverse transform and a ReLU, under MetaSchedule's winograd schedule rules (explicit unrolls)."""
+    from edgetune.frontend.winograd import winograd_conv2d_nhwc
+
+    data = te.placeholder((1, size, size, channels), name="data")
+    packed = te.placeholder((tile + 2, tile + 2, channels, channels), name="packed")
+    out = topi.nn.relu(winograd_conv2d_nhwc(data, packed, [1, 1, 1, 1], "float32"))  # a fused epilogue reads it
+    return tvm.IRModule({"main": te.create_prim_func([data, packed, out])})
+
+
+def test_winograd_spaces_are_read_and_agree_with_the_tir_walk():
+    """The Winograd rules' spaces (unrolled transforms, a padding block read through the tile-gathering block)
+    are read structurally, and scoring their decisions ranks candidates as reading the built schedules does."""
+    mod = winograd_conv2d()
+    ctx = context(mod, "host")
+    analyzer = CpuAnalyzer(load_profile("host").hardware)
+    for s, space in enumerate(ctx.space_generator.generate_design_space(mod)):
+        model = SpaceModel.analyze(mod, space)
+        rows = model.sample(np.random.default_rng(s), 24)
+        drafted = analyzer.latency(model.nests(rows))
+        walked = []
+        for i, row in enumerate(rows):
+            sch = model.materialize(mod, row, ctx.space_generator.postprocs, seed=i)
+            assert sch is not None
+            walked.append(analyzer.latency(nests_from_func(sch.mod["main"]))[0])
+        assert np.corrcoef(np.log(drafted), np.log(walked))[0, 1] > 0.9
+
+
 def test_gpu_space_validity_matches_verify_gpu_code():
     """Drafts the analyzer deems launchable are exactly those TVM's postprocessors accept."""
     mod = matmul(512)

@@ -24,6 +24,7 @@ materialized candidates with the TIR walk (`tir.nests_from_func`).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,8 +43,9 @@ INLINE, ROOT = -2, -1
 
 _THREADS = {"blockIdx": BLOCK_IDX, "vthread": VTHREAD, "threadIdx": THREAD_IDX}
 _PASSIVE = {"GetSBlock", "GetChildBlocks", "GetConsumers", "GetProducers", "Reorder", "ComputeInline",
-            "ReverseComputeInline"}
-"""Instructions that change nothing the analysis tracks (the final TIR shows their effect)."""
+            "ReverseComputeInline", "Unroll", "Unannotate"}
+"""Instructions that change nothing the analysis tracks (the final TIR shows their effect). An explicit
+`Unroll` (Winograd's transform loops) is modelled as a plain loop, as the TIR walk reads it too."""
 _MAX_TILINGS = 60_000
 TVM_ERRORS = (RuntimeError, ValueError, TypeError, IndexError)
 """What TVM's FFI raises for schedule errors and dead random variables."""
@@ -294,11 +296,13 @@ class _Attached:
 
 @dataclass
 class _Rooted:
-    """A block left at the root with its original loops (nothing was decided about it)."""
+    """A block left at the root with its original loops (nothing was decided about it but, where `slot` is
+    set, whether it is inlined: a sampled location restricted to the root or inline)."""
 
     info: BlockInfo
     loop_axis: np.ndarray  # [L] axis of each loop
     loop_ext: np.ndarray  # [L]
+    slot: int | None = None
 
 
 @dataclass
@@ -479,7 +483,10 @@ class SpaceModel:
             nests.append(self._attached_nest(att, pos, anchor_arrays[att.anchor], anchor_par[att.anchor],
                                              values, n, par, vec, unroll))
         for rooted in self.rooted:
-            nests.append(_rooted_nest(rooted, n, par, vec, unroll))
+            nest = _rooted_nest(rooted, n, par, vec, unroll)
+            if rooted.slot is not None:
+                nest.active = values[rooted.slot][:, 0] != INLINE
+            nests.append(nest)
         return nests
 
     def _attached_nest(self, att: _Attached, pos: np.ndarray, anchor_arrays, anchor_parallel: np.ndarray,
@@ -867,7 +874,12 @@ class _Analysis:
         for realize, loops in pending:
             name = realize.block.name_hint
             info = infos[name]
-            if name in self.attach:
+            slot = self.location_of.get(self.attach[name].loop) if name in self.attach else None
+            if slot is not None and self._at_root_or_inline(info, infos, anchor_of):
+                # no tiled block reads it (Winograd's padding and output): narrowed to the root and inline
+                self.slots[slot] = LocationSlot(self.slots[slot].inst, np.array([INLINE, ROOT]))
+                rooted.append(dataclasses.replace(_rooted(realize, loops, info), slot=slot))
+            elif name in self.attach:
                 attached.append(self._attached(name, info, infos, anchors, anchor_of, anchor_loops,
                                                location_allowed))
             elif all(f not in for_sym or for_sym[f].block == name for f in loops) and name not in self.moved:
@@ -879,6 +891,24 @@ class _Analysis:
         return SpaceModel(self.space, self.slots, anchors, attached, rooted, self.root_ann,
                           location_allowed=location_allowed)
 
+    def _at_root_or_inline(self, info: BlockInfo, infos: dict[str, BlockInfo], anchor_of: dict[str, int]) -> bool:
+        """Whether a block of sampled location is modelled at the root or inlined only: its one reader is no
+        tiled block but either an untouched block at the root (Winograd's output, read by the fused epilogue)
+        or a block of sampled location that feeds one tiled block (Winograd's padding, read by the
+        tile-gathering block)."""
+        if _tiled_consumers(info, infos, anchor_of):
+            return False
+        own_writes = {a.buffer for a in info.accesses if a.write}
+        readers = [n for n, other in infos.items()
+                   if any(a.buffer in own_writes and not a.write for a in other.accesses)]
+        if len(readers) != 1:
+            return False
+        reader = readers[0]
+        if reader not in self.attach:
+            return reader not in self.moved
+        return (self.location_of.get(self.attach[reader].loop) is not None
+                and len(_tiled_consumers(infos[reader], infos, anchor_of)) == 1)
+
     def _attached(self, name: str, info: BlockInfo, infos: dict[str, BlockInfo], anchors: list[_Anchor],
                   anchor_of: dict[str, int], anchor_loops: dict[str, list[tirx.For]],
                   location_allowed: dict[int, np.ndarray]) -> _Attached:
@@ -887,9 +917,7 @@ class _Analysis:
             raise UnsupportedSpace(f"attached block {name} reduces")
         slot = self.location_of.get(spec.loop)
         if slot is not None:
-            own_writes = {a.buffer for a in info.accesses if a.write}
-            consumers = [n for n in anchor_of
-                         if any(a.buffer in own_writes and not a.write for a in infos[n].accesses)]
+            consumers = _tiled_consumers(info, infos, anchor_of)
             if len(consumers) != 1:
                 raise UnsupportedSpace(f"sampled location of {name} without a single tiled consumer")
             anchor_name, fixed = consumers[0], None
@@ -964,6 +992,12 @@ def _original_loop_axes(mod: tvm.IRModule) -> dict[str, list[tuple[int, int]]]:
             if len(axes) == len(variables) or not variables:
                 result[realize.block.name_hint] = axes
     return result
+
+
+def _tiled_consumers(info: BlockInfo, infos: dict[str, BlockInfo], anchor_of: dict[str, int]) -> list[str]:
+    """The tiled blocks (anchors) that read what the block writes."""
+    own_writes = {a.buffer for a in info.accesses if a.write}
+    return [n for n in anchor_of if any(a.buffer in own_writes and not a.write for a in infos[n].accesses)]
 
 
 def _rooted(realize: s_tir.SBlockRealize, loops: list[tirx.For], info: BlockInfo) -> _Rooted:
