@@ -61,12 +61,12 @@ class TargetResult(BaseModel):
     selection_skipped: str | None = None  # why the comparison asked for was not done (the budget's share)
     tuning_failed: list[str] = []  # "<task>: <ExcType>: <message>"; kept their best so far
     device: dict[str, Any] | None = None  # arch, via ("local"/"rpc"), emulated, key: fleet.endpoints.device_summary
-    error: str | None = None
-    wall_s: float = 0.0
     stage_s: dict[str, float] = {}
     """Seconds each stage took, in order: "import" (the model's import, counted in the recipe's first target),
     "tune" (task extraction, sizing the budget's reserve, tuning), "compile" (the in-model comparison and the
     final compile), "measure", "package", "verify"; the stages a build ran."""
+    error: str | None = None
+    wall_s: float = 0.0
 
     def __init__(self, name: str, **fields: Any) -> None:
         """`TargetResult(name, ...)`, the target's name first, as the stages make one."""
