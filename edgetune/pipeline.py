@@ -46,6 +46,7 @@ from edgetune.tuning.tune import TuningInterrupted
 
 T = TypeVar("T")
 
+
 def build(recipe: Recipe, only: list[str] | None = None, on_event: EventFn | None = None,
           records_dir: Path | None = None, sign_key: Path | None = None, task_pool: ShardPool | None = None,
           write_summary: bool = True) -> BuildResult:

@@ -896,12 +896,8 @@ class _Analysis:
         tiled block but either an untouched block at the root (Winograd's output, read by the fused epilogue)
         or a block of sampled location that feeds one tiled block (Winograd's padding, read by the
         tile-gathering block)."""
-        if _tiled_consumers(info, infos, anchor_of):
-            return False
-        own_writes = {a.buffer for a in info.accesses if a.write}
-        readers = [n for n, other in infos.items()
-                   if any(a.buffer in own_writes and not a.write for a in other.accesses)]
-        if len(readers) != 1:
+        readers = _readers(info, infos)
+        if len(readers) != 1 or readers[0] in anchor_of:
             return False
         reader = readers[0]
         if reader not in self.attach:
@@ -994,10 +990,15 @@ def _original_loop_axes(mod: tvm.IRModule) -> dict[str, list[tuple[int, int]]]:
     return result
 
 
+def _readers(info: BlockInfo, infos: dict[str, BlockInfo]) -> list[str]:
+    """The blocks that read what the block writes."""
+    own_writes = {a.buffer for a in info.accesses if a.write}
+    return [n for n, other in infos.items() if any(a.buffer in own_writes and not a.write for a in other.accesses)]
+
+
 def _tiled_consumers(info: BlockInfo, infos: dict[str, BlockInfo], anchor_of: dict[str, int]) -> list[str]:
     """The tiled blocks (anchors) that read what the block writes."""
-    own_writes = {a.buffer for a in info.accesses if a.write}
-    return [n for n in anchor_of if any(a.buffer in own_writes and not a.write for a in infos[n].accesses)]
+    return [n for n in _readers(info, infos) if n in anchor_of]
 
 
 def _rooted(realize: s_tir.SBlockRealize, loops: list[tirx.For], info: BlockInfo) -> _Rooted:
