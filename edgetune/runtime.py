@@ -105,6 +105,10 @@ def release_freed_memory() -> None:
         pass
 
 
+TIMING_ROUNDS = 3
+"""Rounds in which the build times the tuned model and the reference in turns (build/measure.py)."""
+
+
 def in_turns(first: Callable[[], T], second: Callable[[], T], rounds: int,
              enough: Callable[[], bool] | None = None) -> list[tuple[T, T]]:
     """`rounds` pairs of what `first` and `second` return, the two called in turns (`first` leads in even

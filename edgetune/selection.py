@@ -270,15 +270,51 @@ def _fastest(key: int, records: int, ratios: dict[int, dict[int, float]]) -> int
     return DEFAULT_RANK if default < ratios[best].get(key, FAILED) * (1 - DEFAULT_MARGIN) else best
 
 
-def rank_seconds(relax_mod: tvm.IRModule, target: tvm.target.Target, database: Database, inputs: list[np.ndarray],
-                 device: tvm.runtime.Device, winograd: WinogradPolicy | None = None, runs: int = 30) -> float:
-    """What `select_schedules` spends per rank, measured: the model compiled with the database's best
-    schedules and its kernels timed inside it. A tuning budget keeps this much per candidate rank."""
+@dataclass(frozen=True)
+class RankCost:
+    """What `select_schedules` spends per rank, measured: one compile of the model, and its timed runs."""
+
+    compile_s: float
+    run_s: float
+    calls: int
+    """Calls of the model in `run_s`, the warm-up included."""
+
+    @property
+    def total_s(self) -> float:
+        return self.compile_s + self.run_s
+
+    @property
+    def call_s(self) -> float:
+        """Seconds per call of the model with the best schedules so far (an upper bound: kernels instrumented)."""
+        return self.run_s / self.calls
+
+
+def rank_cost(relax_mod: tvm.IRModule, target: tvm.target.Target, database: Database, inputs: list[np.ndarray],
+              device: tvm.runtime.Device, winograd: WinogradPolicy | None = None, runs: int = 30) -> RankCost:
+    """The model compiled with the database's best schedules and its kernels timed inside it, as
+    `select_schedules` does per rank. A tuning budget keeps this much per candidate rank, and the stages
+    after the comparison one compile per model they still have to compile."""
     started = time.monotonic()
     workload_of: dict[str, Workload] = {}
-    _TimedModel(compile_model(relax_mod, target, database, winograd), device,
-                [tvm.runtime.tensor(x, device) for x in inputs], workload_of).kernel_times(runs)
-    return time.monotonic() - started
+    executable = compile_model(relax_mod, target, database, winograd)
+    compiled = time.monotonic()
+    _TimedModel(executable, device, [tvm.runtime.tensor(x, device) for x in inputs], workload_of).kernel_times(runs)
+    return RankCost(compile_s=compiled - started, run_s=time.monotonic() - compiled, calls=runs + 1)
+
+
+def constant_bytes(relax_mod: tvm.IRModule) -> int:
+    """Bytes of the model's constants (its weights), which its exported library carries."""
+    sizes: dict[int, int] = {}  # by buffer: a constant used twice is stored once
+
+    def visit(expr) -> None:
+        data = getattr(expr, "value", None) if isinstance(expr, tvm.ir.expr.Constant) else None
+        if isinstance(data, tvm.runtime.Tensor):  # a relax constant (an IntImm's value is a number)
+            sizes[data.data_ptr()] = data.numel() * np.dtype(str(data.dtype)).itemsize
+
+    for function in relax_mod.functions.values():
+        if isinstance(function, relax.Function):
+            relax.analysis.post_order_visit(function, visit)
+    return sum(sizes.values())
 
 
 def _key(workload: Workload) -> int:

@@ -139,6 +139,15 @@ def test_archive_unpacks_to_checked_manifest_and_a_matching_run_script(built, tm
                                   timeout=120, env={**os.environ, "TVM_USE_RUNTIME_LIB": "1"})
     assert runtime_only.returncode == 0 and "OK" in runtime_only.stdout, runtime_only.stdout + runtime_only.stderr
 
+    # an edited io.json cannot make run.py load a library from elsewhere: a clear error, no traceback
+    spec = json.loads((unpacked / "io.json").read_text())
+    for field, hostile in (("device", "../../tmp/evil"), ("library", "../elsewhere/model.so")):
+        (unpacked / "io.json").write_text(json.dumps({**spec, field: hostile}))
+        refused = subprocess.run([sys.executable, "run.py"], cwd=unpacked, capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 1 and f"io.json: {field}" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+    (unpacked / "io.json").write_text(json.dumps(spec))
+
     # run.py runs TVM's kernels on the target's cores, whatever TVM itself would guess
     script = "import runpy; run = runpy.run_path('run.py'); print(run['tvm'].get_global_func('runtime.NumThreads')())"
     pool = subprocess.run([sys.executable, "-c", script], cwd=unpacked, capture_output=True, text=True, timeout=120,

@@ -10,10 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from edgetune.build.context import TargetBuild
-from edgetune.runtime import in_turns
+from edgetune.runtime import TIMING_ROUNDS, in_turns
 
-TIMING_ROUNDS = 3
-"""Rounds of timing of the tuned model and the reference on this machine (alternating_medians)."""
 SPREAD_NOTED = 1.1
 """Rounds further apart than this (slowest / fastest) are reported."""
 

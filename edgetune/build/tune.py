@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgetune.build.context import Event, TargetBuild
 from edgetune.frontend.onnx import fuse_for_tuning
+from edgetune.isolated import LOADED_APART_BYTES
 from edgetune.report.summary import TargetResult
+from edgetune.runtime import TIMING_ROUNDS
 from edgetune.tuning.builder import STRAGGLER_FACTOR
 from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.measurements import NoiseCounts
@@ -17,6 +19,9 @@ from edgetune.tuning.shards import tune_in_shards
 from edgetune.tuning.tasks import extract_tasks
 from edgetune.tuning.transfer.siblings import load_sibling_records
 from edgetune.tuning.tune import TuningPlan, TuningResult, tune
+
+if TYPE_CHECKING:
+    from edgetune.selection import RankCost
 
 
 def tune_stage(ctx: TargetBuild) -> TargetResult:
@@ -163,9 +168,28 @@ def _transfer_summary(tuning: TuningResult, sibling_stores: dict, mode: str) -> 
     }
 
 
-_FINISH_RANKS = 3.0
-"""The stages after the in-model comparison (final compile; timing tuned, untuned and reference; package;
-verify) take about this many compiles and runs of the model: 58 s against 23 s for a ResNet-50."""
+_ONE_TIMING_S = 1.5
+"""One timing in the stages after the comparison: about a second of runs, a warm-up and a calibration."""
+_TIMINGS = 2 * TIMING_ROUNDS + 2
+"""Those stages' timings: the tuned model and the reference in turns, the untuned model, verification's run."""
+_UNTUNED_SLOWDOWN = 200.0
+"""How much slower than the tuned model its untuned one may run: 186x for a ResNet-50 (6.9 s against 37 ms)."""
+_SLOW_UNTUNED_S = 15.0
+"""The most the untuned model's timing takes: one warm-up and one timed call once a call takes a second
+or more (ResNet-50: two calls of 6.9 s)."""
+_PROCESS_S = 2.5
+"""A fresh process that imports TVM, for each load of a library larger than LOADED_APART_BYTES."""
+
+
+def finish_seconds(cost: RankCost, compiles: int, loaded_apart: bool) -> float:
+    """What the stages after the in-model comparison take (compile what is still to compile, time the
+    tuned, untuned and reference models, package, verify), from one compile and run of the model measured
+    here. At 10 minutes, those stages took 10 s (MobileNet-V2, the encoder), 33 s (GoogLeNet, with the
+    untuned model's compile) and 40 s (ResNet-50, loaded apart, 6.9 s per untuned call); three compiles and
+    runs of the model had kept 39, 9, 84 and 75 s for them, and the GoogLeNet build ended 83 s early."""
+    per_timing = _ONE_TIMING_S + (_PROCESS_S if loaded_apart else 0.0)
+    untuned_s = min(_SLOW_UNTUNED_S, 2 * _UNTUNED_SLOWDOWN * cost.call_s)
+    return compiles * cost.compile_s + _TIMINGS * per_timing + untuned_s
 
 
 _COMPARE_SHARE = 0.15
@@ -189,8 +213,8 @@ def _tuning_budget_s(ctx: TargetBuild) -> float | None:
 def _budget_reserve(ctx: TargetBuild):
     """The tuner's call for the seconds of its budget to keep for what follows it: comparing schedules inside
     the model (build/compile.py), one compile and run of the model per candidate rank and one for the default
-    schedules, then the final compile, timing, packaging and verification (`_FINISH_RANKS` of them); at
-    most half the budget. One compile and run is measured when the tuner asks, with its best so far. None
+    schedules, then the final compile, timing, packaging and verification (`finish_seconds`); at most half
+    the budget. One compile and run is measured when the tuner asks, with its best so far. None
     for a device measured elsewhere, where the model cannot be run here."""
     if ctx.budget_s is None or not ctx.device.runs_here:
         return None
@@ -198,14 +222,17 @@ def _budget_reserve(ctx: TargetBuild):
     def reserve() -> float:
         import tvm
 
-        from edgetune.selection import rank_seconds
+        from edgetune.selection import constant_bytes, rank_cost
 
         samples = ctx.model.sample_inputs()
-        one_rank = rank_seconds(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
-                                tvm.device(ctx.profile.device, 0), ctx.winograd)
+        cost = rank_cost(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
+                         tvm.device(ctx.profile.device, 0), ctx.winograd)
+        one_rank = cost.total_s
         ctx.ranks_that_fit = ranks_that_fit(one_rank, ctx.budget_s)
         compare = (ctx.candidates + 1) * one_rank if ctx.candidates > 1 else 0.0
-        finish = _FINISH_RANKS * one_rank
+        # the comparison compiles the untuned model and the one to ship; without it the later stages do
+        finish = finish_seconds(cost, compiles=0 if ctx.candidates > 1 else 2,
+                                loaded_apart=constant_bytes(ctx.relax_mod) > LOADED_APART_BYTES)
         kept = min(compare + finish, ctx.budget_s / 2)
         ctx.finish_reserve_s = finish * kept / (compare + finish)
         ctx.say(f"one compile and run of the model took {one_rank:.0f} s: the tuning budget keeps {kept:.0f} s, "
