@@ -19,6 +19,7 @@ seeds, and each variant's median against the first's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import sys
@@ -83,6 +84,8 @@ def main() -> int:
     parser.add_argument("--budget-min", type=float, default=5.0)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds of the artifacts")
+    parser.add_argument("--keep", type=Path, help="build in this new directory and keep it (the artifacts can "
+                        "then be timed again: a slow spell of the VM during the timing spoils every ratio)")
     args = parser.parse_args()
     if importlib.util.find_spec("edgetune") is None:
         raise SystemExit("edgetune is not installed for this Python: pip install -e . first")
@@ -90,7 +93,10 @@ def main() -> int:
         raise SystemExit("variant names must differ")
     model_source = model_mapping(args)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="edgetune-variants-") as scratch:
+    if args.keep is not None:
+        args.keep.mkdir(parents=True)  # a new directory: nothing of the user's is overwritten
+    with contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(
+            prefix="edgetune-variants-") as scratch:
         for turn, seed in enumerate(args.seeds):
             shift = turn % len(args.variant)
             for variant in args.variant[shift:] + args.variant[:shift]:
