@@ -179,6 +179,9 @@ _SLOW_UNTUNED_S = 15.0
 or more (ResNet-50: two calls of 6.9 s)."""
 _PROCESS_S = 2.5
 """A fresh process that imports TVM, for each load of a library larger than LOADED_APART_BYTES."""
+_LIBRARY_PER_WEIGHT_BYTE = 1.5
+"""An exported library's size over its model's weights (code and pre-packed copies): ResNet-18 1.28
+(59.9 MB), ResNet-50 1.19, GoogLeNet 1.49 (38.7 MB)."""
 
 
 def finish_seconds(cost: RankCost, compiles: int, loaded_apart: bool) -> float:
@@ -232,7 +235,8 @@ def _budget_reserve(ctx: TargetBuild):
         compare = (ctx.candidates + 1) * one_rank if ctx.candidates > 1 else 0.0
         # the comparison compiles the untuned model and the one to ship; without it the later stages do
         finish = finish_seconds(cost, compiles=0 if ctx.candidates > 1 else 2,
-                                loaded_apart=constant_bytes(ctx.relax_mod) > LOADED_APART_BYTES)
+                                loaded_apart=constant_bytes(ctx.relax_mod) * _LIBRARY_PER_WEIGHT_BYTE
+                                > LOADED_APART_BYTES)
         kept = min(compare + finish, ctx.budget_s / 2)
         ctx.finish_reserve_s = finish * kept / (compare + finish)
         ctx.say(f"one compile and run of the model took {one_rank:.0f} s: the tuning budget keeps {kept:.0f} s, "
