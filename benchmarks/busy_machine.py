@@ -16,6 +16,7 @@ re-measurement's own effect, side by side.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 import tempfile
@@ -92,17 +93,22 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--without-remeasure", action="store_true",
                         help="a third build per seed: busy, disturbed timings not measured again")
+    parser.add_argument("--keep", type=Path, help="build in this new directory and keep it (the artifacts can "
+                        "then be timed again: a slow spell of the VM during the timing spoils every ratio)")
     args = parser.parse_args()
     builds = [("idle", 0, True), ("busy", args.hogs, True)]
     builds += [("busy-no-remeasure", args.hogs, False)] if args.without_remeasure else []
     rows = []
-    with tempfile.TemporaryDirectory(prefix="edgetune-busy-") as scratch:
+    if args.keep is not None:
+        args.keep.mkdir(parents=True)  # a new directory: nothing of the user's is overwritten
+    with contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(
+            prefix="edgetune-busy-") as scratch:
         for seed in args.seeds:
             built = {}
             for label, hogs, remeasure in builds:
                 print(f"seed {seed}: building {args.model}: {label} ({hogs} hogs)", flush=True)
-                built[label] = build(args.model, args.budget_min, args.search, seed, hogs, Path(scratch) / label,
-                                     remeasure)
+                built[label] = build(args.model, args.budget_min, args.search, seed, hogs,
+                                     Path(scratch) / f"{label}-{seed}", remeasure)
             libraries = {k: Path(v["artifact_dir"]) / "model.so" for k, v in built.items()}
             times = time_artifacts({"zoo": args.model}, libraries, args.repeats)
             rows.append((seed, built, times))
