@@ -105,7 +105,8 @@ def test_a_time_budget_covers_the_whole_target_build(tmp_path) -> None:
     assert host["tuning_s"] + compared_s <= budget_s + 5
     assert host["wall_s"] <= budget_s + 5
     assert host["tuning_stopped_by"][0] == "time_budget"  # 1000 trials do not fit in 18 s
-    assert "the tuning budget kept" in (tmp_path / "out" / "tiny" / "report.html").read_text()
+    report = (tmp_path / "out" / "tiny" / "report.html").read_text()
+    assert ("the tuning budget kept" in report) == (selection is not None)  # else: why it was not compared
 
 
 def test_archive_unpacks_to_checked_manifest_and_a_matching_run_script(built, tmp_path) -> None:

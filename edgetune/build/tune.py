@@ -168,8 +168,11 @@ def _transfer_summary(tuning: TuningResult, sibling_stores: dict, mode: str) -> 
     }
 
 
-_ONE_TIMING_S = 1.5
-"""One timing in the stages after the comparison: about a second of runs, a warm-up and a calibration."""
+_TIMING_RUNS_S = 1.0
+"""One timing's runs in the stages after the comparison: a second, or 1000 calls of a faster model (at least
+0.2 s; edgetune.runtime.time_model)..."""
+_TIMING_OVERHEAD_S = 0.5
+"""...and its warm-up, calibration and the library's load."""
 _TIMINGS = 2 * TIMING_ROUNDS + 2
 """Those stages' timings: the tuned model and the reference in turns, the untuned model, verification's run."""
 _UNTUNED_SLOWDOWN = 200.0
@@ -190,7 +193,8 @@ def finish_seconds(cost: RankCost, compiles: int, loaded_apart: bool) -> float:
     here. At 10 minutes, those stages took 10 s (MobileNet-V2, the encoder), 33 s (GoogLeNet, with the
     untuned model's compile) and 40 s (ResNet-50, loaded apart, 6.9 s per untuned call); three compiles and
     runs of the model had kept 39, 9, 84 and 75 s for them, and the GoogLeNet build ended 83 s early."""
-    per_timing = _ONE_TIMING_S + (_PROCESS_S if loaded_apart else 0.0)
+    runs_s = min(_TIMING_RUNS_S, max(0.2, 1000 * cost.call_s))
+    per_timing = runs_s + _TIMING_OVERHEAD_S + (_PROCESS_S if loaded_apart else 0.0)
     untuned_s = min(_SLOW_UNTUNED_S, 2 * _UNTUNED_SLOWDOWN * cost.call_s)
     return compiles * cost.compile_s + _TIMINGS * per_timing + untuned_s
 
