@@ -358,8 +358,12 @@ def fuse_for_tuning(mod, target, winograd: WinogradPolicy | None = None):
 def _fusion_passes(layout: tuple[str, str] | None, winograd: WinogradPolicy | None) -> list:
     from tvm import relax
 
+    from edgetune.frontend.concat import legalize_concat
+
     converting = [relax.transform.ConvertLayout({"relax.nn.conv2d": list(layout)})] if layout else []
-    algorithms = {"relax.nn.conv2d": winograd.legalize_conv2d} if layout and winograd else None
+    algorithms = {"relax.concat": legalize_concat} if layout else {}
+    if layout and winograd:
+        algorithms["relax.nn.conv2d"] = winograd.legalize_conv2d
     return converting + [
         relax.transform.LegalizeOps(customize_legalize_map=algorithms),
         relax.transform.AnnotateTIROpPattern(),
