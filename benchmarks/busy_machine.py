@@ -16,10 +16,8 @@ re-measurement's own effect, side by side.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e import build_artifact, recipe_text, time_side_by_side  # noqa: E402  (sets the thread counts first)
+from timing import add_keep_option, build_directory  # noqa: E402
 
 HOG = "while True:\n    pass\n"
 
@@ -93,16 +92,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--without-remeasure", action="store_true",
                         help="a third build per seed: busy, disturbed timings not measured again")
-    parser.add_argument("--keep", type=Path, help="build in this new directory and keep it (the artifacts can "
-                        "then be timed again: a slow spell of the VM during the timing spoils every ratio)")
+    add_keep_option(parser)
     args = parser.parse_args()
     builds = [("idle", 0, True), ("busy", args.hogs, True)]
     builds += [("busy-no-remeasure", args.hogs, False)] if args.without_remeasure else []
     rows = []
-    if args.keep is not None:
-        args.keep.mkdir(parents=True)  # a new directory: nothing of the user's is overwritten
-    with contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(
-            prefix="edgetune-busy-") as scratch:
+    with build_directory(args.keep, "edgetune-busy-") as scratch:
         for seed in args.seeds:
             built = {}
             for label, hogs, remeasure in builds:

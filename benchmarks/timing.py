@@ -3,11 +3,29 @@ drifts of a shared machine hit all of them, and each round's median and the fast
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+
+def add_keep_option(parser: argparse.ArgumentParser) -> None:
+    """`--keep DIR`: the builds go to a new directory that stays, so their artifacts can be timed again."""
+    parser.add_argument("--keep", type=Path, help="build in this new directory and keep it (the artifacts can "
+                        "then be timed again: a slow spell of the VM during the timing spoils every ratio)")
+
+
+def build_directory(keep: Path | None, prefix: str) -> contextlib.AbstractContextManager[str]:
+    """`keep`, created new (nothing of the user's is overwritten), or a temporary directory removed after."""
+    if keep is None:
+        return tempfile.TemporaryDirectory(prefix=prefix)
+    keep.mkdir(parents=True)
+    return contextlib.nullcontext(str(keep))
 
 
 def sample_calls(fn: Callable[[], Any], min_s: float, min_calls: int) -> list[float]:

@@ -19,11 +19,9 @@ seeds, and each variant's median against the first's.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from busy_machine import time_artifacts  # noqa: E402  (through e2e: sets the thread counts first)
 from models import onnx_model  # noqa: E402
 from time_to_quality import build, recipe  # noqa: E402
+from timing import add_keep_option, build_directory  # noqa: E402
 
 
 @dataclass
@@ -84,8 +83,7 @@ def main() -> int:
     parser.add_argument("--budget-min", type=float, default=5.0)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds of the artifacts")
-    parser.add_argument("--keep", type=Path, help="build in this new directory and keep it (the artifacts can "
-                        "then be timed again: a slow spell of the VM during the timing spoils every ratio)")
+    add_keep_option(parser)
     args = parser.parse_args()
     if importlib.util.find_spec("edgetune") is None:
         raise SystemExit("edgetune is not installed for this Python: pip install -e . first")
@@ -93,10 +91,7 @@ def main() -> int:
         raise SystemExit("variant names must differ")
     model_source = model_mapping(args)
     rows = []
-    if args.keep is not None:
-        args.keep.mkdir(parents=True)  # a new directory: nothing of the user's is overwritten
-    with contextlib.nullcontext(str(args.keep)) if args.keep else tempfile.TemporaryDirectory(
-            prefix="edgetune-variants-") as scratch:
+    with build_directory(args.keep, "edgetune-variants-") as scratch:
         for turn, seed in enumerate(args.seeds):
             shift = turn % len(args.variant)
             for variant in args.variant[shift:] + args.variant[:shift]:

@@ -78,10 +78,15 @@ def time_model(
         number, repeats = 1, max(1, min(_SLOW_REPEATS, round(_SLOW_TOTAL_CALLS * min_total_s / first_call_s)))
     else:
         per_call_s = max(float(vm.time_evaluator("main", device, number=1, repeat=3)(*args).median), 1e-7)
-        total_s = min(min_total_s, max(_SHORTEST_S, _ENOUGH_CALLS * per_call_s))
-        number = max(1, math.ceil(total_s / _REPEATS / per_call_s))
+        number = max(1, math.ceil(timed_seconds(per_call_s, min_total_s) / _REPEATS / per_call_s))
     timer = vm.time_evaluator("main", device, number=number, repeat=repeats)
     return float(timer(*args).median) * 1e3
+
+
+def timed_seconds(per_call_s: float, min_total_s: float = 1.0) -> float:
+    """How long `time_model` runs a model whose call takes `per_call_s` (below a second a call): `min_total_s`,
+    or _ENOUGH_CALLS calls of a faster model, never under _SHORTEST_S."""
+    return min(min_total_s, max(_SHORTEST_S, _ENOUGH_CALLS * per_call_s))
 
 
 _REPEATS = 5

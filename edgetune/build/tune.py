@@ -11,7 +11,7 @@ from edgetune.build.context import Event, TargetBuild
 from edgetune.frontend.onnx import fuse_for_tuning
 from edgetune.isolated import LOADED_APART_BYTES
 from edgetune.report.summary import TargetResult
-from edgetune.runtime import TIMING_ROUNDS
+from edgetune.runtime import TIMING_ROUNDS, timed_seconds
 from edgetune.tuning.builder import STRAGGLER_FACTOR
 from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.measurements import NoiseCounts
@@ -168,11 +168,8 @@ def _transfer_summary(tuning: TuningResult, sibling_stores: dict, mode: str) -> 
     }
 
 
-_TIMING_RUNS_S = 1.0
-"""One timing's runs in the stages after the comparison: a second, or 1000 calls of a faster model (at least
-0.2 s; edgetune.runtime.time_model)..."""
 _TIMING_OVERHEAD_S = 0.5
-"""...and its warm-up, calibration and the library's load."""
+"""A timing's warm-up, calibration and the library's load, beside its runs (edgetune.runtime.timed_seconds)."""
 _TIMINGS = 2 * TIMING_ROUNDS + 2
 """Those stages' timings: the tuned model and the reference in turns, the untuned model, verification's run."""
 _UNTUNED_SLOWDOWN = 200.0
@@ -193,8 +190,7 @@ def finish_seconds(cost: RankCost, compiles: int, loaded_apart: bool) -> float:
     here. At 10 minutes, those stages took 10 s (MobileNet-V2, the encoder), 33 s (GoogLeNet, with the
     untuned model's compile) and 40 s (ResNet-50, loaded apart, 6.9 s per untuned call); three compiles and
     runs of the model had kept 39, 9, 84 and 75 s for them, and the GoogLeNet build ended 83 s early."""
-    runs_s = min(_TIMING_RUNS_S, max(0.2, 1000 * cost.call_s))
-    per_timing = runs_s + _TIMING_OVERHEAD_S + (_PROCESS_S if loaded_apart else 0.0)
+    per_timing = timed_seconds(cost.call_s) + _TIMING_OVERHEAD_S + (_PROCESS_S if loaded_apart else 0.0)
     untuned_s = min(_SLOW_UNTUNED_S, 2 * _UNTUNED_SLOWDOWN * cost.call_s)
     return compiles * cost.compile_s + _TIMINGS * per_timing + untuned_s
 

@@ -21,19 +21,19 @@ def legalize_concat(bb, call):
 
     shapes = [_static_shape(field) for field in call.args[0].ty.fields]
     output = call.ty
-    if any(shape is None for shape in shapes) or _static_shape(output) is None:
-        return tvm.ir.Op.get("relax.concat").get_attr("FLegalize")(bb, call)
-    axis = int(call.attrs.axis) % len(shapes[0])
-    kept = [index for index, shape in enumerate(shapes) if shape[axis] > 0]
-    if not kept:
-        return tvm.ir.Op.get("relax.concat").get_attr("FLegalize")(bb, call)
-    tensors = call.args[0]
-    fields = (tensors.fields if isinstance(tensors, relax.Tuple)
-              else [bb.emit(relax.TupleGetItem(tensors, index)) for index in range(len(shapes))])
-    function = concat_copies([shapes[index] for index in kept], axis, str(output.dtype))
-    # no global symbol of its own: the module names it, as it names TVM's legalized functions
-    name = bb.add_func(function.without_attr("global_symbol").with_attr("op_pattern", _INJECTIVE), "concatenate")
-    return relax.call_tir(name, relax.Tuple([fields[index] for index in kept]), output)
+    if all(shape is not None for shape in shapes) and _static_shape(output) is not None:
+        axis = int(call.attrs.axis) % len(shapes[0])
+        kept = [index for index, shape in enumerate(shapes) if shape[axis] > 0]
+        if kept:
+            tensors = call.args[0]
+            fields = (tensors.fields if isinstance(tensors, relax.Tuple)
+                      else [bb.emit(relax.TupleGetItem(tensors, index)) for index in range(len(shapes))])
+            function = concat_copies([shapes[index] for index in kept], axis, str(output.dtype))
+            # no global symbol of its own: the module names it, as it names TVM's legalized functions
+            name = bb.add_func(function.without_attr("global_symbol").with_attr("op_pattern", _INJECTIVE),
+                               "concatenate")
+            return relax.call_tir(name, relax.Tuple([fields[index] for index in kept]), output)
+    return tvm.ir.Op.get("relax.concat").get_attr("FLegalize")(bb, call)  # symbolic, or every input empty
 
 
 def concat_copies(shapes: list[tuple[int, ...]], axis: int, dtype: str):
