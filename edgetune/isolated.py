@@ -11,9 +11,11 @@ worker, none of which uses it (tuning/worker_pool.py starts them).
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +33,28 @@ def in_own_process(library: Path, function: Callable[..., T], *args: Any) -> T:
         return function(*args)
     with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=keep_torch_out) as pool:
         return pool.submit(function, *args).result()
+
+
+@contextmanager
+def processes_with(environments: Sequence[Mapping[str, str | None]]) -> Iterator[list[ProcessPoolExecutor]]:
+    """One fresh process per mapping, with its environment variables set (None: unset) before it imports
+    anything: what TVM's runtime reads once, when its thread pool starts, differs between them."""
+    pools = [ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_start_with,
+                                 initargs=(dict(environment),)) for environment in environments]
+    try:
+        yield pools
+    finally:
+        for pool in pools:
+            pool.shutdown()
+
+
+def _start_with(environment: dict[str, str | None]) -> None:
+    keep_torch_out()
+    for name, value in environment.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def keep_torch_out() -> None:

@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
 import tvm
@@ -112,6 +112,35 @@ def release_freed_memory() -> None:
 
 TIMING_ROUNDS = 3
 """Rounds in which the build times the tuned model and the reference in turns (build/measure.py)."""
+
+SPIN_COUNT_ENV = "TVM_THREAD_POOL_SPIN_COUNT"
+"""TVM's runtime reads it once, when a process's thread pool starts: how many times a thread waiting for work
+(a worker between two parallel loops) yields its core before it sleeps; 300,000 when unset. A parallel loop is
+one static share per thread and waits for the last share, so beside another busy process every yield can hand
+that process the core for a time slice: timed beside one busy loop at nice 19, a ResNet-18 artifact ran at
+20-30 ms spinning and 12-16 ms with 0 (ONNX Runtime 17.6 ms); beside one at normal priority, 21 or 140 ms
+spinning against 22-24 ms (benchmarks/contention.py)."""
+
+SPIN_DOWN_S = 0.3
+"""A spinning pool's threads go on yielding for up to 300,000 turns after their last loop (a tenth of a second
+on an idle core): a timing in another process starts this long after."""
+
+SLEEPING_COST_ACCEPTED = 1.05
+"""An artifact's threads sleep while they wait (spin count 0) unless that makes the model more than this much
+slower on the idle build machine: it costs a wake-up per parallel loop, a few percent of a ResNet-18 and up to
+a quarter of a MobileNet-V2 (many short kernels)."""
+
+ThreadWait = Literal["spin", "sleep"]
+
+
+def thread_wait_policy(spinning_ms: float, sleeping_ms: float) -> ThreadWait:
+    """How an artifact's CPU threads wait for work, from the model's latency timed both ways on an idle machine."""
+    return "sleep" if sleeping_ms <= SLEEPING_COST_ACCEPTED * spinning_ms else "spin"
+
+
+def spin_count(policy: ThreadWait | None) -> int | None:
+    """The `SPIN_COUNT_ENV` value that gives `policy` (None: TVM's default, which spins)."""
+    return 0 if policy == "sleep" else None
 
 
 def in_turns(first: Callable[[], T], second: Callable[[], T], rounds: int,

@@ -16,7 +16,7 @@ CONTEXT = {
     "tvm_target": "{}", "device": "cpu", "edgetune_version": "0", "tvm_package": "apache-tvm==0.27.0.post1",
     "rtol": 1e-4, "atol": 1e-4,
     "measured_on": "here", "tuned_text": "1 ms", "untuned_text": "2 ms", "reference_text": "1 ms",
-    "arch": "x86_64", "cxx": "g++", "output_names": ["logits"], "cpu_threads": 2,
+    "arch": "x86_64", "cxx": "g++", "output_names": ["logits"], "cpu_threads": 2, "cpu_thread_spin_count": 0,
     "inputs": [{"name": "data", "shape": [6], "dl_code": "kDLFloat", "bits": 32}],
 }
 

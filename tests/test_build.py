@@ -159,6 +159,19 @@ def test_archive_unpacks_to_checked_manifest_and_a_matching_run_script(built, tm
                           env={k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")})
     assert pool.stdout.strip() == str(manifest["target"]["tvm_target"]["num-cores"]), pool.stderr
 
+    # the build timed the model with TVM's threads spinning and sleeping while they wait, and run.py waits as chosen
+    wait = manifest["thread_wait"]
+    assert wait == summary["targets"]["host"]["thread_wait"]
+    assert wait["policy"] == ("sleep" if wait["sleeping_ms"] <= 1.05 * wait["spinning_ms"] else "spin")
+    assert spec["cpu_thread_spin_count"] == (0 if wait["policy"] == "sleep" else None)
+    script = "import runpy; run = runpy.run_path('run.py'); print(run['os'].environ.get('TVM_THREAD_POOL_SPIN_COUNT'))"
+    for exported, expected in ((None, spec["cpu_thread_spin_count"]), ("7", 7)):  # what the user exports wins
+        env = {k: v for k, v in os.environ.items() if k != "TVM_THREAD_POOL_SPIN_COUNT"}
+        env.update({"TVM_THREAD_POOL_SPIN_COUNT": exported} if exported else {})
+        spin = subprocess.run([sys.executable, "-c", script], cwd=unpacked, capture_output=True, text=True,
+                              timeout=120, check=False, env=env)
+        assert spin.stdout.strip() == str(expected), spin.stderr
+
 
 def test_verify_names_a_tampered_file(built, tmp_path) -> None:
     directory, summary, _ = built

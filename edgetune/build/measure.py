@@ -10,10 +10,20 @@ from pathlib import Path
 import numpy as np
 
 from edgetune.build.context import TargetBuild
-from edgetune.runtime import TIMING_ROUNDS, in_turns
+from edgetune.runtime import SLEEPING_COST_ACCEPTED, TIMING_ROUNDS, ThreadWait, in_turns, thread_wait_policy
 
 SPREAD_NOTED = 1.1
 """Rounds further apart than this (slowest / fastest) are reported."""
+
+
+@dataclass(frozen=True)
+class ThreadWaitChoice:
+    """How the artifact's CPU threads wait for work, and the tuned model's idle latencies (ms, medians of the
+    rounds) with its threads spinning and sleeping that chose it."""
+
+    policy: ThreadWait
+    spinning_ms: float
+    sleeping_ms: float
 
 
 @dataclass(frozen=True)
@@ -24,6 +34,7 @@ class Latency:
     untuned: float | None = None
     reference: float | None = None
     measured_on: str | None = None
+    thread_wait: ThreadWaitChoice | None = None  # None: TVM's default (spinning), not measured
 
     def as_manifest(self) -> dict[str, float | None]:
         """The manifest's `latency_ms`; the reference keeps the key it has always had."""
@@ -52,7 +63,26 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
     else:
         tuned_ms, reference_ms = [device.latency_ms(library, inputs)], None
     return Latency(tuned=float(np.median(tuned_ms)), untuned=device.latency_ms(untuned, inputs),
-                   reference=float(np.median(reference_ms)) if reference_ms else None, measured_on=device.where)
+                   reference=float(np.median(reference_ms)) if reference_ms else None, measured_on=device.where,
+                   thread_wait=_thread_wait(ctx, library, inputs))
+
+
+def _thread_wait(ctx: TargetBuild, library: Path, inputs: list[np.ndarray]) -> ThreadWaitChoice | None:
+    """Whether the artifact's threads sleep while they wait for work: robust beside other busy processes, where
+    spinning threads hand them the cores (runtime.SPIN_COUNT_ENV), unless it slows the model on the idle device."""
+    timed = ctx.device.thread_wait_latency_ms(library, inputs, TIMING_ROUNDS)
+    if timed is None:
+        return None
+    spinning, sleeping = float(np.median(timed[0])), float(np.median(timed[1]))
+    choice = ThreadWaitChoice(thread_wait_policy(spinning, sleeping), spinning, sleeping)
+    cost = f"{sleeping:.3f} ms with them sleeping against {spinning:.3f} ms spinning"
+    if choice.policy == "sleep":
+        ctx.say(f"the artifact's threads sleep while they wait for work ({cost}): other busy processes "
+                "keep their share of the cores")
+    else:
+        ctx.say(f"the artifact's threads spin while they wait for work ({cost}, more than "
+                f"{SLEEPING_COST_ACCEPTED:.2f}x): beside other busy processes it slows down more")
+    return choice
 
 
 def alternating_medians(time_ours: Callable[[], float], time_reference: Callable[[], float],

@@ -27,12 +27,14 @@ from edgetune.package.manifest import (
     ModelInput,
     RecipeFacts,
     TargetFacts,
+    ThreadWaitFacts,
     ToolchainFacts,
     TuningFacts,
     Verification,
 )
 from edgetune.package.runtime import runtime_files
 from edgetune.recipe import recipe_hash
+from edgetune.runtime import spin_count
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ def _manifest(ctx: TargetBuild, result: TargetResult, compiled: CompiledTarget, 
         ),
         latency_ms=LatencyFacts(**latency.as_manifest()),
         measured_on=latency.measured_on,
+        **({"thread_wait": ThreadWaitFacts(**vars(latency.thread_wait))} if latency.thread_wait else {}),
         verification=Verification(reference=ctx.reference.name, rtol=recipe.verify.rtol, atol=recipe.verify.atol),
         files={},  # write_manifest lists them once the artifact is complete
     )
@@ -127,6 +130,7 @@ def _template_context(ctx: TargetBuild, latency: Latency) -> dict[str, Any]:
         "tvm_target": json.dumps(profile.target, sort_keys=True),
         "device": profile.device,
         "cpu_threads": profile.cpu_threads,
+        "cpu_thread_spin_count": spin_count(latency.thread_wait.policy if latency.thread_wait else None),
         "arch": ctx.toolchain.arch,
         "cxx": ctx.toolchain.cxx.name if ctx.toolchain.cxx else "g++",
         "edgetune_version": edgetune.__version__,

@@ -11,7 +11,7 @@ from edgetune.build.context import Event, TargetBuild
 from edgetune.frontend.onnx import fuse_for_tuning
 from edgetune.isolated import LOADED_APART_BYTES
 from edgetune.report.summary import TargetResult
-from edgetune.runtime import TIMING_ROUNDS, timed_seconds
+from edgetune.runtime import SPIN_DOWN_S, TIMING_ROUNDS, timed_seconds
 from edgetune.tuning.builder import STRAGGLER_FACTOR
 from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.measurements import NoiseCounts
@@ -179,6 +179,9 @@ _SLOW_UNTUNED_S = 15.0
 or more (ResNet-50: two calls of 6.9 s)."""
 _PROCESS_S = 2.5
 """A fresh process that imports TVM, for each load of a library larger than LOADED_APART_BYTES."""
+_THREAD_WAIT_TIMINGS = 2 * TIMING_ROUNDS
+"""The tuned model timed in turns in two fresh processes (started together), its threads spinning and sleeping
+while they wait (build/measure.py), each timing followed by a pause of SPIN_DOWN_S."""
 _LIBRARY_PER_WEIGHT_BYTE = 1.5
 """An exported library's size over its model's weights (code and pre-packed copies): ResNet-18 1.28
 (59.9 MB), ResNet-50 1.19, GoogLeNet 1.49 (38.7 MB)."""
@@ -190,9 +193,11 @@ def finish_seconds(cost: RankCost, compiles: int, loaded_apart: bool) -> float:
     here. At 10 minutes, those stages took 10 s (MobileNet-V2, the encoder), 33 s (GoogLeNet, with the
     untuned model's compile) and 40 s (ResNet-50, loaded apart, 6.9 s per untuned call); three compiles and
     runs of the model had kept 39, 9, 84 and 75 s for them, and the GoogLeNet build ended 83 s early."""
-    per_timing = timed_seconds(cost.call_s) + _TIMING_OVERHEAD_S + (_PROCESS_S if loaded_apart else 0.0)
+    timing_s = timed_seconds(cost.call_s) + _TIMING_OVERHEAD_S
+    per_timing = timing_s + (_PROCESS_S if loaded_apart else 0.0)
     untuned_s = min(_SLOW_UNTUNED_S, 2 * _UNTUNED_SLOWDOWN * cost.call_s)
-    return compiles * cost.compile_s + _TIMINGS * per_timing + untuned_s
+    thread_wait_s = _PROCESS_S + _THREAD_WAIT_TIMINGS * (timing_s + SPIN_DOWN_S)
+    return compiles * cost.compile_s + _TIMINGS * per_timing + untuned_s + thread_wait_s
 
 
 _COMPARE_SHARE = 0.15

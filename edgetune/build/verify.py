@@ -58,6 +58,7 @@ def fill_from_manifest(result: TargetResult, manifest: Manifest, artifact_dir: P
     result.latency_ms = latency.tuned
     result.untuned_latency_ms = latency.untuned
     result.reference_latency_ms = latency.onnxruntime
+    result.thread_wait = manifest.thread_wait.model_dump() if manifest.thread_wait else None
     verification = manifest.verification
     result.verified = verification.matches is True
     result.verification = (

@@ -56,6 +56,13 @@ class Device(ABC):
     def latency_ms(self, library: Path, inputs: list[np.ndarray]) -> float:
         """Median latency of a compiled model, timed on the device."""
 
+    def thread_wait_latency_ms(self, library: Path, inputs: list[np.ndarray],
+                               rounds: int) -> tuple[list[float], list[float]] | None:
+        """The model's latency per round with TVM's CPU threads spinning while they wait for work (its default)
+        and sleeping, timed in turns; None where the device cannot start a process with either (over RPC
+        the server's own environment holds)."""
+        return None
+
     def output_check(self, artifact_dir: Path, manifest: Manifest) -> tuple[str, OutputCheck] | None:
         """The artifact run on the device itself, away from this machine: how, and what came of it. None
         where the verify stage's own runs on this machine are all there is."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,9 +44,40 @@ class LocalDevice(Device):
 
         return in_own_process(library, library_latency_ms, library, inputs, self.cpu_threads)
 
+    def thread_wait_latency_ms(self, library: Path, inputs: list[np.ndarray],
+                               rounds: int) -> tuple[list[float], list[float]] | None:
+        """Two fresh processes, one whose TVM threads spin while they wait and one whose threads sleep, time
+        the library in turns (each loads it once)."""
+        from edgetune.isolated import processes_with
+        from edgetune.runtime import SPIN_COUNT_ENV, SPIN_DOWN_S, in_turns, spin_count
+
+        if not self.cpu_threads:
+            return None
+        policies = [{SPIN_COUNT_ENV: None}, {SPIN_COUNT_ENV: str(spin_count("sleep"))}]
+        with processes_with(policies) as (spinning, sleeping):
+            for started in [process.submit(_import_tvm) for process in (spinning, sleeping)]:
+                started.result()  # both import TVM at once, on the two cores
+
+            def timed_in(process) -> float:
+                latency = process.submit(library_latency_ms, library, inputs, self.cpu_threads).result()
+                time.sleep(SPIN_DOWN_S)
+                return latency
+
+            pairs = in_turns(lambda: timed_in(spinning), lambda: timed_in(sleeping), rounds)
+        return [ms for ms, _ in pairs], [ms for _, ms in pairs]
+
+
+def _import_tvm() -> None:
+    import tvm  # noqa: F401
+
+
+_LOADED: dict[tuple[str, int, int], Any] = {}
+"""Libraries this process loaded, by path, modification time and size."""
+
 
 def library_latency_ms(library: Path, inputs: list[np.ndarray], cpu_threads: int | None) -> float:
-    """The library's median latency on this machine's CPU, on `cpu_threads` threads when the profile sets them."""
+    """The library's median latency on this machine's CPU, on `cpu_threads` threads when the profile sets them.
+    A library is loaded once per process (TVM never unloads one): timed again, the loaded one runs."""
     import tvm
 
     from edgetune.runtime import load_library, time_model, use_cpu_threads
@@ -53,4 +85,8 @@ def library_latency_ms(library: Path, inputs: list[np.ndarray], cpu_threads: int
     device = tvm.device("cpu", 0)
     if cpu_threads:
         use_cpu_threads(cpu_threads)  # as many as the reference is given
-    return time_model(load_library(library, device), inputs, device)
+    facts = library.stat()
+    key = (str(library.resolve()), facts.st_mtime_ns, facts.st_size)  # a rewritten library is loaded anew
+    if key not in _LOADED:
+        _LOADED[key] = load_library(library, device)
+    return time_model(_LOADED[key], inputs, device)

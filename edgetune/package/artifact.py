@@ -145,6 +145,7 @@ def _io_spec(context: dict[str, Any], sample_inputs: dict[str, np.ndarray]) -> d
         "device": context["device"],
         "library": LIBRARY_NAME,
         "cpu_threads": context["cpu_threads"],
+        "cpu_thread_spin_count": context["cpu_thread_spin_count"],
         "rtol": context["rtol"],
         "atol": context["atol"],
         "inputs": [{"name": i["name"], "shape": [int(d) for d in i["shape"]],

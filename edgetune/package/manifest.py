@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -124,6 +124,15 @@ class LatencyFacts(_Part):
     onnxruntime: Number | None = None
 
 
+class ThreadWaitFacts(_Part):
+    """How the artifact's CPU threads wait for work (`run.py` and `deploy` set TVM's spin count from io.json),
+    and the tuned model's idle latencies, in ms, with them spinning and sleeping, that chose it."""
+
+    policy: Literal["spin", "sleep"]
+    spinning_ms: Number
+    sleeping_ms: Number
+
+
 class Verification(_Part):
     """The tolerances, and once the verify stage ran: whether the artifact's output matched, or why not run."""
 
@@ -153,6 +162,7 @@ class Manifest(_Part):
     tuning: TuningFacts = Field(default_factory=TuningFacts)
     latency_ms: LatencyFacts = Field(default_factory=LatencyFacts)
     measured_on: Text | None = None
+    thread_wait: ThreadWaitFacts | None = None
 
     def text(self) -> str:
         """The exact bytes of manifest.json: only the fields it was made or read with."""

@@ -24,6 +24,9 @@ class TargetResult(BaseModel):
     latency_ms: float | None = None
     untuned_latency_ms: float | None = None
     reference_latency_ms: float | None = None
+    thread_wait: dict[str, Any] | None = None
+    """How the artifact's CPU threads wait for work ("spin", TVM's default, or "sleep"), with the tuned model's
+    idle latencies both ways that chose it; None: not measured (TVM's default)."""
     verified: bool = False
     verification: str = "not run"  # "matched", "mismatch", or "not run: <why>"
     max_abs_error: float | None = None

@@ -1,0 +1,114 @@
+"""A built artifact and ONNX Runtime on an idle machine and beside busy processes, with TVM's thread pool
+spinning (its default) and sleeping (`TVM_THREAD_POOL_SPIN_COUNT=0`).
+
+    python benchmarks/contention.py build/host-resnet18/host --model resnet18 --rounds 3
+    python benchmarks/contention.py ART --onnx model.onnx --input-shapes '{"x": [1, 3, 224, 224]}'
+
+TVM's runtime runs a parallel loop as one static share per thread, and a thread waiting for work (a
+worker between loops, the caller for its workers) yields the core up to 300,000 times before it sleeps.
+Beside another busy process on the same cores, every yield hands that process the core; the loop then
+waits for its slowest share. This benchmark shows what that costs: for each load (idle, `--hogs` busy
+loops at nice 19, the same at normal priority), the artifact with each waiting policy and ONNX Runtime
+(2 threads each) are timed in turns, each in a process of its own (TVM reads the spin count once, when
+its pool starts), `--rounds` times. Printed: the median of each system's rounds per load, in ms, and
+each against ONNX Runtime under the same load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from busy_machine import HOG
+
+SYSTEMS = {"tvm (spins)": {}, "tvm (sleeps)": {"TVM_THREAD_POOL_SPIN_COUNT": "0"}, "onnxruntime": {}}
+LOADS = {"idle": None, "nice 19": ["nice", "-n", "19"], "normal": []}
+
+
+def child(args: argparse.Namespace) -> None:
+    """Time one system (this process's TVM pool policy comes from its environment): print its median ms."""
+    import e2e  # noqa: F401  (sets the thread counts first)
+    import tvm
+    from timing import sample_calls
+
+    from edgetune.frontend.onnx import load_model
+    from edgetune.reference import ReferenceRuntime
+    from edgetune.runtime import load_library
+
+    model = load_model(zoo=args.model, onnx_path=args.onnx,
+                       input_shapes=json.loads(args.input_shapes) if args.input_shapes else None)
+    x = model.sample_inputs()[model.inputs[0].name]
+    if args.child == "onnxruntime":
+        session = ReferenceRuntime(model)._session(2)
+        runner = lambda: session.run(None, {model.inputs[0].name: x})
+    else:
+        device = tvm.cpu(0)
+        vm, tvm_x = load_library(args.artifact / "model.so", device), tvm.runtime.tensor(x, device)
+        runner = lambda: vm["main"](tvm_x)
+    runner()  # warm-up: allocation, the thread pool
+    print(json.dumps(float(np.median(sample_calls(runner, args.seconds, 5))) * 1e3))
+
+
+def time_in_child(args: argparse.Namespace, system: str) -> float:
+    command = [sys.executable, __file__, str(args.artifact), "--child", system, "--seconds", str(args.seconds)]
+    command += ["--model", args.model] if args.model else ["--onnx", str(args.onnx)]
+    command += ["--input-shapes", args.input_shapes] if args.input_shapes else []
+    done = subprocess.run(command, check=False, capture_output=True, text=True, env={**os.environ, **SYSTEMS[system]})
+    if done.returncode != 0:
+        raise SystemExit(f"timing {system} failed:\n{done.stderr[-3000:]}")
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def under_load(args: argparse.Namespace, load: str) -> dict[str, list[float]]:
+    """Every system timed `--rounds` times, in turns (order rotating), beside the load's busy loops."""
+    prefix = LOADS[load]
+    hogs = [] if prefix is None else [subprocess.Popen([*prefix, sys.executable, "-c", HOG])
+                                      for _ in range(args.hogs)]
+    times: dict[str, list[float]] = {system: [] for system in SYSTEMS}
+    try:
+        time.sleep(0.5)
+        names = list(SYSTEMS)
+        for turn in range(args.rounds):
+            for system in names[turn % len(names):] + names[:turn % len(names)]:
+                times[system].append(time_in_child(args, system))
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("artifact", type=Path, help="a build's artifact directory (the one holding model.so)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="the zoo model the artifact was built from")
+    source.add_argument("--onnx", type=Path, help="the ONNX file the artifact was built from")
+    parser.add_argument("--input-shapes", help='e.g. {"x": [1, 3, 224, 224]}')
+    parser.add_argument("--hogs", type=int, default=1, help="busy loops beside the timing")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=2.0, help="of calls per timing")
+    parser.add_argument("--child", choices=list(SYSTEMS), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return 0
+    print(f"{args.hogs} busy loop(s) beside; median of {args.rounds} rounds, ms (x: ONNX Runtime's time / its time)")
+    print(f"{'load':10s}" + "".join(f"{system:>22s}" for system in SYSTEMS))
+    for load in LOADS:
+        times = {system: float(np.median(v)) for system, v in under_load(args, load).items()}
+        ort = times["onnxruntime"]
+        print(f"{load:10s}" + "".join(f"{ms:>14.2f} ({ort / ms:4.2f}x)" for ms in times.values()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
