@@ -134,18 +134,18 @@ def test_the_stages_after_the_comparison_keep_about_what_they_took_in_real_build
     """What the final stages took at 10 minutes, against what is kept for them from one compile and run of
     the model: MobileNet-V2 10 s (compile 10 s, 3.7 ms a call), GoogLeNet 33 s with the untuned model's
     compile (about 25 s, 12 ms), ResNet-50 40 s (loaded apart, 37 ms; 6.9 s per untuned call). Three compiles and runs
-    had kept 39, 84 and 75 s, and the GoogLeNet build ended 83 s early. Timing the tuned model with its threads
-    spinning and sleeping (two fresh processes, 3 rounds each) added 19 s to a MobileNet-V2 build's measure stage
-    (12 s on its own), about as much to the others."""
+    had kept 39, 84 and 75 s, and the GoogLeNet build ended 83 s early. Timing the tuned model in two fresh
+    processes, its threads spinning and sleeping, 3 rounds each, took 11 s on its own for a MobileNet-V2 (3.2 s to
+    start both, 1.0-1.4 s a timing), in place of 3 timings in the build's process."""
     from edgetune.build.tune import finish_seconds
     from edgetune.selection import RankCost
 
     def kept(compile_s: float, call_ms: float, loaded_apart: bool = False, compiles: int = 0) -> float:
         return finish_seconds(RankCost(compile_s, call_ms * 31 / 1e3, 31), compiles, loaded_apart)
 
-    assert 24 <= kept(10.0, 3.7) <= 36
-    assert 50 <= kept(25.0, 12.0, compiles=1) <= 65
-    assert 55 <= kept(22.0, 37.0, loaded_apart=True) <= 70
-    assert kept(0.05, 0.01) < 16  # a tiny model: 0.2 s of runs per timing, no slow untuned calls
+    assert 17 <= kept(10.0, 3.7) <= 30
+    assert 40 <= kept(25.0, 12.0, compiles=1) <= 60
+    assert 47 <= kept(22.0, 37.0, loaded_apart=True) <= 65
+    assert kept(0.05, 0.01) < 14  # a tiny model: 0.2 s of runs per timing, no slow untuned calls
     # without a comparison, the model to ship and the untuned one are compiled after it
     assert kept(25.0, 12.0, compiles=2) == kept(25.0, 12.0) + 50.0

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from edgetune.build.context import TargetBuild
-from edgetune.runtime import SLEEPING_COST_ACCEPTED, TIMING_ROUNDS, ThreadWait, in_turns, thread_wait_policy
+from edgetune.runtime import SLEEPING_COST_ACCEPTED, TIMING_ROUNDS, ThreadWait, thread_wait_policy
 
 SPREAD_NOTED = 1.1
 """Rounds further apart than this (slowest / fastest) are reported."""
@@ -54,26 +54,29 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
         ctx.say(f"timing tuned and untuned on the device ({device.where})")
     inputs = ctx.sample_list(samples)
     untuned = untuned or _untuned_library(ctx, device.export_function())
+    thread_wait = None
     if device.runs_here:
         threads = ctx.profile.hardware.cores or 1
-        tuned_ms, reference_ms = alternating_medians(lambda: device.latency_ms(library, inputs),
-                                                     lambda: ctx.reference.time(samples, threads=threads))
+        with device.thread_wait_timers(library, inputs) as timers:
+            ours = timers or {"tuned": lambda: device.latency_ms(library, inputs)}
+            rounds = timed_in_turns({**ours, "reference": lambda: ctx.reference.time(samples, threads=threads)})
+        if timers:
+            thread_wait = _thread_wait(ctx, rounds["spin"], rounds["sleep"])
+        tuned_ms, reference_ms = rounds[thread_wait.policy if thread_wait else "tuned"], rounds["reference"]
         _say_spread(ctx, "tuned model", tuned_ms)
         _say_spread(ctx, ctx.reference.display_name, reference_ms)
     else:
         tuned_ms, reference_ms = [device.latency_ms(library, inputs)], None
     return Latency(tuned=float(np.median(tuned_ms)), untuned=device.latency_ms(untuned, inputs),
                    reference=float(np.median(reference_ms)) if reference_ms else None, measured_on=device.where,
-                   thread_wait=_thread_wait(ctx, library, inputs))
+                   thread_wait=thread_wait)
 
 
-def _thread_wait(ctx: TargetBuild, library: Path, inputs: list[np.ndarray]) -> ThreadWaitChoice | None:
+def _thread_wait(ctx: TargetBuild, spinning_ms: list[float], sleeping_ms: list[float]) -> ThreadWaitChoice:
     """Whether the artifact's threads sleep while they wait for work: robust beside other busy processes, where
-    spinning threads hand them the cores (runtime.SPIN_COUNT_ENV), unless it slows the model on the idle device."""
-    timed = ctx.device.thread_wait_latency_ms(library, inputs, TIMING_ROUNDS)
-    if timed is None:
-        return None
-    spinning, sleeping = float(np.median(timed[0])), float(np.median(timed[1]))
+    spinning threads hand them the cores (runtime.SPIN_COUNT_ENV), unless it slows the model on the idle device.
+    The tuned latency reported is then the one of the way it waits."""
+    spinning, sleeping = float(np.median(spinning_ms)), float(np.median(sleeping_ms))
     choice = ThreadWaitChoice(thread_wait_policy(spinning, sleeping), spinning, sleeping)
     cost = f"{sleeping:.3f} ms with them sleeping against {spinning:.3f} ms spinning"
     if choice.policy == "sleep":
@@ -85,13 +88,16 @@ def _thread_wait(ctx: TargetBuild, library: Path, inputs: list[np.ndarray]) -> T
     return choice
 
 
-def alternating_medians(time_ours: Callable[[], float], time_reference: Callable[[], float],
-                        rounds: int = TIMING_ROUNDS) -> tuple[list[float], list[float]]:
-    """Each side's timing `rounds` times, taking turns: a slow window (one second of a ResNet-50's timing
-    once came out a quarter slow in its build) then falls in one round of one side, and the medians over
-    rounds leave it out. The two sides share the machine's state, round by round."""
-    pairs = in_turns(time_ours, time_reference, rounds)
-    return [ours for ours, _ in pairs], [reference for _, reference in pairs]
+def timed_in_turns(timers: dict[str, Callable[[], float]], rounds: int = TIMING_ROUNDS) -> dict[str, list[float]]:
+    """Each timer's result `rounds` times, taking turns (in the given order in even rounds, reversed in odd
+    ones): a slow window (one second of a ResNet-50's timing once came out a quarter slow in its build) then
+    falls in one round of one side, and the medians over rounds leave it out. All sides share the machine's
+    state, round by round."""
+    results: dict[str, list[float]] = {name: [] for name in timers}
+    for index in range(rounds):
+        for name in (list(timers) if index % 2 == 0 else list(reversed(timers))):
+            results[name].append(timers[name]())
+    return results
 
 
 def _say_spread(ctx: TargetBuild, what: str, rounds_ms: list[float]) -> None:

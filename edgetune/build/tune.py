@@ -179,9 +179,9 @@ _SLOW_UNTUNED_S = 15.0
 or more (ResNet-50: two calls of 6.9 s)."""
 _PROCESS_S = 2.5
 """A fresh process that imports TVM, for each load of a library larger than LOADED_APART_BYTES."""
-_THREAD_WAIT_TIMINGS = 2 * TIMING_ROUNDS
-"""The tuned model timed in turns in two fresh processes (started together), its threads spinning and sleeping
-while they wait (build/measure.py), each timing followed by a pause of SPIN_DOWN_S."""
+_THREAD_WAIT_TIMINGS = TIMING_ROUNDS
+"""The tuned model is timed in two fresh processes (started together), its threads spinning in one and sleeping
+in the other while they wait (build/measure.py): a round more of it, each timing followed by SPIN_DOWN_S."""
 _LIBRARY_PER_WEIGHT_BYTE = 1.5
 """An exported library's size over its model's weights (code and pre-packed copies): ResNet-18 1.28
 (59.9 MB), ResNet-50 1.19, GoogLeNet 1.49 (38.7 MB)."""
@@ -196,7 +196,7 @@ def finish_seconds(cost: RankCost, compiles: int, loaded_apart: bool) -> float:
     timing_s = timed_seconds(cost.call_s) + _TIMING_OVERHEAD_S
     per_timing = timing_s + (_PROCESS_S if loaded_apart else 0.0)
     untuned_s = min(_SLOW_UNTUNED_S, 2 * _UNTUNED_SLOWDOWN * cost.call_s)
-    thread_wait_s = _PROCESS_S + _THREAD_WAIT_TIMINGS * (timing_s + SPIN_DOWN_S)
+    thread_wait_s = _PROCESS_S + _THREAD_WAIT_TIMINGS * timing_s + 2 * TIMING_ROUNDS * SPIN_DOWN_S
     return compiles * cost.compile_s + _TIMINGS * per_timing + untuned_s + thread_wait_s
 
 

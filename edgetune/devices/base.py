@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,12 +57,13 @@ class Device(ABC):
     def latency_ms(self, library: Path, inputs: list[np.ndarray]) -> float:
         """Median latency of a compiled model, timed on the device."""
 
-    def thread_wait_latency_ms(self, library: Path, inputs: list[np.ndarray],
-                               rounds: int) -> tuple[list[float], list[float]] | None:
-        """The model's latency per round with TVM's CPU threads spinning while they wait for work (its default)
-        and sleeping, timed in turns; None where the device cannot start a process with either (over RPC
-        the server's own environment holds)."""
-        return None
+    @contextmanager
+    def thread_wait_timers(self, library: Path, inputs: list[np.ndarray]
+                           ) -> Iterator[dict[str, Callable[[], float]] | None]:
+        """Two timers of the model (ms per call, each call a timing): "spin", TVM's CPU threads spinning while
+        they wait for work (its default), and "sleep"; None where the device cannot start a process with
+        either (over RPC the server's own environment holds)."""
+        yield None
 
     def output_check(self, artifact_dir: Path, manifest: Manifest) -> tuple[str, OutputCheck] | None:
         """The artifact run on the device itself, away from this machine: how, and what came of it. None

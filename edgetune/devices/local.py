@@ -5,7 +5,8 @@ from __future__ import annotations
 import platform
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,27 +45,30 @@ class LocalDevice(Device):
 
         return in_own_process(library, library_latency_ms, library, inputs, self.cpu_threads)
 
-    def thread_wait_latency_ms(self, library: Path, inputs: list[np.ndarray],
-                               rounds: int) -> tuple[list[float], list[float]] | None:
-        """Two fresh processes, one whose TVM threads spin while they wait and one whose threads sleep, time
-        the library in turns (each loads it once)."""
+    @contextmanager
+    def thread_wait_timers(self, library: Path, inputs: list[np.ndarray]
+                           ) -> Iterator[dict[str, Callable[[], float]] | None]:
+        """Two fresh processes, one whose TVM threads spin while they wait and one whose threads sleep (TVM reads
+        how once, when a process's pool starts); each loads the library once and times it per call."""
         from edgetune.isolated import processes_with
-        from edgetune.runtime import SPIN_COUNT_ENV, SPIN_DOWN_S, in_turns, spin_count
+        from edgetune.runtime import SPIN_COUNT_ENV, SPIN_DOWN_S, spin_count
 
         if not self.cpu_threads:
-            return None
+            yield None
+            return
         policies = [{SPIN_COUNT_ENV: None}, {SPIN_COUNT_ENV: str(spin_count("sleep"))}]
         with processes_with(policies) as (spinning, sleeping):
             for started in [process.submit(_import_tvm) for process in (spinning, sleeping)]:
                 started.result()  # both import TVM at once, on the two cores
 
-            def timed_in(process) -> float:
-                latency = process.submit(library_latency_ms, library, inputs, self.cpu_threads).result()
-                time.sleep(SPIN_DOWN_S)
-                return latency
+            def timer(process) -> Callable[[], float]:
+                def timed() -> float:
+                    latency = process.submit(library_latency_ms, library, inputs, self.cpu_threads).result()
+                    time.sleep(SPIN_DOWN_S)  # its threads stop spinning before the next timing
+                    return latency
+                return timed
 
-            pairs = in_turns(lambda: timed_in(spinning), lambda: timed_in(sleeping), rounds)
-        return [ms for ms, _ in pairs], [ms for _, ms in pairs]
+            yield {"spin": timer(spinning), "sleep": timer(sleeping)}
 
 
 def _import_tvm() -> None:
