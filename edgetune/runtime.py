@@ -121,9 +121,9 @@ that process the core for a time slice: timed beside one busy loop at nice 19, a
 20-30 ms spinning and 12-16 ms with 0 (ONNX Runtime 17.6 ms); beside one at normal priority, 21 or 140 ms
 spinning against 22-24 ms (benchmarks/contention.py)."""
 
-SPIN_DOWN_S = 0.3
-"""A spinning pool's threads go on yielding for up to 300,000 turns after their last loop (a tenth of a second
-on an idle core): a timing in another process starts this long after."""
+SPIN_DOWN_S = 0.15
+"""A spinning pool's threads go on yielding for up to 300,000 turns after their last loop (0.05-0.1 s on an idle
+core, at 0.15-0.3 us a yield): a timing in another process starts this long after."""
 
 SLEEPING_COST_ACCEPTED = 1.05
 """An artifact's threads sleep while they wait (spin count 0) unless that makes the model more than this much

@@ -53,20 +53,19 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
     else:
         ctx.say(f"timing tuned and untuned on the device ({device.where})")
     inputs = ctx.sample_list(samples)
-    untuned = untuned or _untuned_library(ctx, device.export_function())
-    thread_wait = None
-    if device.runs_here:
-        threads = ctx.profile.hardware.cores or 1
-        with device.thread_wait_timers(library, inputs) as timers:
+    thread_wait, reference_ms = None, None
+    with device.thread_wait_timers(library, inputs) as timers:  # its processes start beside the compile
+        untuned = untuned or _untuned_library(ctx, device.export_function())
+        if device.runs_here:
+            threads = ctx.profile.hardware.cores or 1
             ours = timers or {"tuned": lambda: device.latency_ms(library, inputs)}
             rounds = timed_in_turns({**ours, "reference": lambda: ctx.reference.time(samples, threads=threads)})
-        if timers:
-            thread_wait = _thread_wait(ctx, rounds["spin"], rounds["sleep"])
-        tuned_ms, reference_ms = rounds[thread_wait.policy if thread_wait else "tuned"], rounds["reference"]
-        _say_spread(ctx, "tuned model", tuned_ms)
-        _say_spread(ctx, ctx.reference.display_name, reference_ms)
-    else:
-        tuned_ms, reference_ms = [device.latency_ms(library, inputs)], None
+            thread_wait = _thread_wait(ctx, rounds["spin"], rounds["sleep"]) if timers else None
+            tuned_ms, reference_ms = rounds[thread_wait.policy if thread_wait else "tuned"], rounds["reference"]
+            _say_spread(ctx, "tuned model", tuned_ms)
+            _say_spread(ctx, ctx.reference.display_name, reference_ms)
+        else:
+            tuned_ms = [device.latency_ms(library, inputs)]
     return Latency(tuned=float(np.median(tuned_ms)), untuned=device.latency_ms(untuned, inputs),
                    reference=float(np.median(reference_ms)) if reference_ms else None, measured_on=device.where,
                    thread_wait=thread_wait)
