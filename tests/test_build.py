@@ -145,7 +145,8 @@ def test_archive_unpacks_to_checked_manifest_and_a_matching_run_script(built, tm
 
     # an edited io.json cannot make run.py load a library from elsewhere: a clear error, no traceback
     spec = json.loads((unpacked / "io.json").read_text())
-    for field, hostile in (("device", "../../tmp/evil"), ("library", "../elsewhere/model.so")):
+    for field, hostile in (("device", "../../tmp/evil"), ("library", "../elsewhere/model.so"),
+                           ("cpu_thread_spin_count", "0; import os"), ("cpu_thread_spin_count", -1)):
         (unpacked / "io.json").write_text(json.dumps({**spec, field: hostile}))
         refused = subprocess.run([sys.executable, "run.py"], cwd=unpacked, capture_output=True, text=True, timeout=120)
         assert refused.returncode == 1 and f"io.json: {field}" in refused.stderr, refused.stderr

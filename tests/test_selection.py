@@ -62,9 +62,11 @@ def test_each_rank_is_timed_in_turns_with_the_tuners_best(tmp_path, monkeypatch)
 
     relax_mod, target, store, heaviest, inputs, _ = _strided_ranked_first(tmp_path)
     sequence: list[tuple[int, int]] = []  # (id of the model's VM, inferences) per timing call
+    timed_vms = []  # kept alive: a freed VM's id may be given to the next one (the suite once saw 1 VM for 2)
     real_kernel_times = selection_module._kernel_times
 
     def recorded(vm, arguments, runs, max_s=None):
+        timed_vms.append(vm)
         sequence.append((id(vm), runs))
         return real_kernel_times(vm, arguments, runs, max_s)
 
