@@ -32,9 +32,10 @@ HOG = "while True:\n    pass\n"
 
 
 @contextmanager
-def cpu_hogs(count: int):
-    """`count` busy-loop processes for the duration of the block."""
-    hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(count)]
+def cpu_hogs(count: int, nice: int | None = None):
+    """`count` busy-loop processes for the duration of the block (at `nice`, when given)."""
+    prefix = [] if nice is None else ["nice", "-n", str(nice)]
+    hogs = [subprocess.Popen([*prefix, sys.executable, "-c", HOG]) for _ in range(count)]
     try:
         yield
     finally:

@@ -27,10 +27,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from busy_machine import HOG
+from busy_machine import cpu_hogs
 
 SYSTEMS = {"tvm (spins)": {}, "tvm (sleeps)": {"TVM_THREAD_POOL_SPIN_COUNT": "0"}, "onnxruntime": {}}
-LOADS = {"idle": None, "nice 19": ["nice", "-n", "19"], "normal": []}
+LOADS = {"idle": (0, None), "nice 19": (1, 19), "normal": (1, None)}
+"""Per load: busy loops per `--hogs`, and their nice value."""
 
 
 def child(args: argparse.Namespace) -> None:
@@ -69,20 +70,14 @@ def time_in_child(args: argparse.Namespace, system: str) -> float:
 
 def under_load(args: argparse.Namespace, load: str) -> dict[str, list[float]]:
     """Every system timed `--rounds` times, in turns (order rotating), beside the load's busy loops."""
-    prefix = LOADS[load]
-    hogs = [] if prefix is None else [subprocess.Popen([*prefix, sys.executable, "-c", HOG])
-                                      for _ in range(args.hogs)]
+    per_hog, nice = LOADS[load]
     times: dict[str, list[float]] = {system: [] for system in SYSTEMS}
-    try:
+    with cpu_hogs(per_hog * args.hogs, nice):
         time.sleep(0.5)
         names = list(SYSTEMS)
         for turn in range(args.rounds):
             for system in names[turn % len(names):] + names[:turn % len(names)]:
                 times[system].append(time_in_child(args, system))
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
     return times
 
 

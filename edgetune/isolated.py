@@ -31,8 +31,8 @@ def in_own_process(library: Path, function: Callable[..., T], *args: Any) -> T:
     """`function(*args)`, which loads `library`: in a fresh process when the library is large."""
     if library.stat().st_size <= LOADED_APART_BYTES:
         return function(*args)
-    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=keep_torch_out) as pool:
-        return pool.submit(function, *args).result()
+    with processes_with([{}]) as (process,):
+        return process.submit(function, *args).result()
 
 
 @contextmanager

@@ -145,18 +145,21 @@ def spin_count(policy: ThreadWait | None) -> int | None:
 
 def in_turns(first: Callable[[], T], second: Callable[[], T], rounds: int,
              enough: Callable[[], bool] | None = None) -> list[tuple[T, T]]:
-    """`rounds` pairs of what `first` and `second` return, the two called in turns (`first` leads in even
-    rounds, `second` in odd ones): this machine's speed drifts for seconds at a time, and so a slow spell
-    meets both sides of a round, or one round of each, which a median over rounds leaves out. `enough()`,
+    """`rounds` pairs of what `first` and `second` return, taken in turns (`each_in_turns`); `enough()`,
     asked after each round, ends the rounds early."""
-    pairs: list[tuple[T, T]] = []
+    results = each_in_turns({"first": first, "second": second}, rounds, enough)
+    return list(zip(results["first"], results["second"]))
+
+
+def each_in_turns(sides: dict[str, Callable[[], T]], rounds: int,
+                  enough: Callable[[], bool] | None = None) -> dict[str, list[T]]:
+    """Each side's result `rounds` times, taking turns (in the given order in even rounds, reversed in odd ones):
+    this machine's speed drifts for seconds at a time, and so a slow spell meets all sides of a round, or one
+    round of each, which a median over rounds leaves out. `enough()`, asked after each round, ends them early."""
+    results: dict[str, list[T]] = {name: [] for name in sides}
     for index in range(rounds):
-        if index % 2 == 0:
-            result_of_first = first()
-            pairs.append((result_of_first, second()))
-        else:
-            result_of_second = second()
-            pairs.append((first(), result_of_second))
+        for name in (list(sides) if index % 2 == 0 else list(reversed(sides))):
+            results[name].append(sides[name]())
         if enough is not None and enough():
             break
-    return pairs
+    return results

@@ -43,7 +43,7 @@ def test_gpu_kernels_keep_metaschedules_timing() -> None:
 
 
 def test_the_model_and_the_reference_take_turns_round_by_round() -> None:
-    from edgetune.build.measure import timed_in_turns
+    from edgetune.runtime import each_in_turns
 
     calls: list[str] = []
     ours_ms = iter([10.0, 13.5, 10.2])  # the second round of ours ran beside a burst of other work
@@ -57,6 +57,6 @@ def test_the_model_and_the_reference_take_turns_round_by_round() -> None:
         calls.append("reference")
         return next(reference_ms)
 
-    rounds = timed_in_turns({"ours": time_ours, "reference": time_reference}, rounds=3)
+    rounds = each_in_turns({"ours": time_ours, "reference": time_reference}, rounds=3)
     assert calls == ["ours", "reference", "reference", "ours", "ours", "reference"]
     assert rounds == {"ours": [10.0, 13.5, 10.2], "reference": [12.0, 12.1, 11.9]}

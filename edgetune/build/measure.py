@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from edgetune.build.context import TargetBuild
-from edgetune.runtime import SLEEPING_COST_ACCEPTED, TIMING_ROUNDS, ThreadWait, thread_wait_policy
+from edgetune.runtime import SLEEPING_COST_ACCEPTED, TIMING_ROUNDS, ThreadWait, each_in_turns, thread_wait_policy
 
 SPREAD_NOTED = 1.1
 """Rounds further apart than this (slowest / fastest) are reported."""
@@ -59,7 +59,8 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
         if device.runs_here:
             threads = ctx.profile.hardware.cores or 1
             ours = timers or {"tuned": lambda: device.latency_ms(library, inputs)}
-            rounds = timed_in_turns({**ours, "reference": lambda: ctx.reference.time(samples, threads=threads)})
+            rounds = each_in_turns({**ours, "reference": lambda: ctx.reference.time(samples, threads=threads)},
+                                   TIMING_ROUNDS)
             thread_wait = _thread_wait(ctx, rounds["spin"], rounds["sleep"]) if timers else None
             tuned_ms, reference_ms = rounds[thread_wait.policy if thread_wait else "tuned"], rounds["reference"]
             _say_spread(ctx, "tuned model", tuned_ms)
@@ -85,18 +86,6 @@ def _thread_wait(ctx: TargetBuild, spinning_ms: list[float], sleeping_ms: list[f
         ctx.say(f"the artifact's threads spin while they wait for work ({cost}, more than "
                 f"{SLEEPING_COST_ACCEPTED:.2f}x): beside other busy processes it slows down more")
     return choice
-
-
-def timed_in_turns(timers: dict[str, Callable[[], float]], rounds: int = TIMING_ROUNDS) -> dict[str, list[float]]:
-    """Each timer's result `rounds` times, taking turns (in the given order in even rounds, reversed in odd
-    ones): a slow window (one second of a ResNet-50's timing once came out a quarter slow in its build) then
-    falls in one round of one side, and the medians over rounds leave it out. All sides share the machine's
-    state, round by round."""
-    results: dict[str, list[float]] = {name: [] for name in timers}
-    for index in range(rounds):
-        for name in (list(timers) if index % 2 == 0 else list(reversed(timers))):
-            results[name].append(timers[name]())
-    return results
 
 
 def _say_spread(ctx: TargetBuild, what: str, rounds_ms: list[float]) -> None:
