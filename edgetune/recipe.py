@@ -290,6 +290,11 @@ class PackageSpec(_Strict):
     bundle_runtime: bool = False
     """Ship TVM's runtime libraries for the device's architecture and a compiled C++ deploy program,
     so a board without pip (or Python) can run the model."""
+    thread_wait: Literal["auto", "spin", "sleep"] = "auto"
+    """How the artifact's CPU threads wait for work (TVM's spin count, set by `run.py` and `deploy`): "spin"
+    (TVM's default) is fastest on a device that runs nothing else, "sleep" keeps the model's speed beside other
+    busy processes; "auto" times both on a target measured on this machine and sleeps unless that costs more
+    than 5% (build/measure.py), and keeps TVM's default on the others."""
 
 
 class TrackerSpec(_Strict):

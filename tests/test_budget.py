@@ -140,8 +140,8 @@ def test_the_stages_after_the_comparison_keep_about_what_they_took_in_real_build
     from edgetune.build.tune import finish_seconds
     from edgetune.selection import RankCost
 
-    def kept(compile_s: float, call_ms: float, loaded_apart: bool = False, compiles: int = 0) -> float:
-        return finish_seconds(RankCost(compile_s, call_ms * 31 / 1e3, 31), compiles, loaded_apart)
+    def kept(compile_s: float, call_ms: float, loaded_apart: bool = False, compiles: int = 0, ways: int = 2) -> float:
+        return finish_seconds(RankCost(compile_s, call_ms * 31 / 1e3, 31), compiles, loaded_apart, ways)
 
     assert 17 <= kept(10.0, 3.7) <= 30
     assert 40 <= kept(25.0, 12.0, compiles=1) <= 60
@@ -149,3 +149,5 @@ def test_the_stages_after_the_comparison_keep_about_what_they_took_in_real_build
     assert kept(0.05, 0.01) < 14  # a tiny model: 0.2 s of runs per timing, no slow untuned calls
     # without a comparison, the model to ship and the untuned one are compiled after it
     assert kept(25.0, 12.0, compiles=2) == kept(25.0, 12.0) + 50.0
+    # a recipe that says how the threads wait (package.thread_wait) times the model one way, not both
+    assert kept(25.0, 12.0) - 8 < kept(25.0, 12.0, ways=1) < kept(25.0, 12.0) - 3

@@ -78,6 +78,7 @@ def test_recipe_tunes_both_boards_over_rpc_transfers_and_verifies_on_them(fleet,
     for target in recipe["fleet"]:
         target["connection"]["rpc"]["tracker"] = f"127.0.0.1:{port}"
     recipe["tuning"].update(trials_per_task=2, max_tasks=1)
+    recipe["package"] = {**recipe.get("package", {}), "thread_wait": "sleep"}  # boards shared with other work
     recipe["output"] = str(tmp_path / "build")
     (tmp_path / "arm.yaml").write_text(yaml.safe_dump(recipe))
     build = edgetune("build", "arm.yaml", "--json", "summary.json", cwd=tmp_path, timeout=900)
@@ -94,6 +95,11 @@ def test_recipe_tunes_both_boards_over_rpc_transfers_and_verifies_on_them(fleet,
         assert any(method.startswith(f"TVM's runtime on the device, rpc key {key}")
                    for method in manifest["verification"]["methods"])
         assert "emulated board" in manifest["measured_on"]
+        # timed over RPC in the server's own environment, the artifact still ships the recipe's way of waiting
+        assert manifest["thread_wait"] == {"policy": "sleep", "chosen_by": "recipe", "spinning_ms": None,
+                                           "sleeping_ms": None}
+        assert json.loads((Path(result["artifact_dir"]) / "io.json").read_text())["cpu_thread_spin_count"] == 0
+        assert "sleeps\nat once, as the recipe asked" in (Path(result["artifact_dir"]) / "README.md").read_text()
         log = (state / "boards" / f"{key}.log").read_text()
         assert "candidate.so" in log and "model.so" in log  # candidates and the artifact were loaded there
     transfer = summary["targets"]["a53-board"]["transfer"]

@@ -100,6 +100,7 @@ def _hostile_context(names: dict[str, str]) -> dict:
         "device": "cpu", "edgetune_version": "0", "tvm_package": "apache-tvm==0.27.0.post1", "rtol": 1e-4,
         "atol": 1e-4, "measured_on": HOSTILE[10], "tuned_text": "1 ms", "untuned_text": "2 ms",
         "reference_text": "1 ms", "arch": "x86_64", "cxx": "g++", "cpu_threads": 2, "cpu_thread_spin_count": 0,
+        "thread_wait_chosen_by": "measured",
         "output_names": [names["out_py"], names["out_savez"]],
         "inputs": [{"name": names["in_cpp"], "shape": [1, 4], "dl_code": "kDLFloat", "bits": 32},
                    {"name": names["in_py"], "shape": [1, 4], "dl_code": "kDLFloat", "bits": 32}],

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
+
+import pytest
+from conftest import run_edgetune
 
 from edgetune.isolated import processes_with
 from edgetune.runtime import SPIN_COUNT_ENV, spin_count, thread_wait_policy
@@ -28,3 +33,35 @@ def test_each_fresh_process_starts_with_its_own_environment(monkeypatch) -> None
         assert spinning.submit(_environment_value, SPIN_COUNT_ENV).result() is None
         assert sleeping.submit(_environment_value, SPIN_COUNT_ENV).result() == "0"
     assert os.environ[SPIN_COUNT_ENV] == "123"
+
+
+def test_a_choice_the_recipe_makes_is_kept_and_the_other_way_is_not_timed() -> None:
+    """`package.thread_wait` overrides the measured choice: the tuned model is timed only the way it ships."""
+    from edgetune.build.measure import choose_thread_wait
+
+    said: list[str] = []
+    forced = choose_thread_wait("spin", {"spin": [10.0, 11.0, 12.0]}, said.append)
+    assert forced is not None and (forced.policy, forced.chosen_by) == ("spin", "recipe")
+    assert forced.spinning_ms == 11.0 and forced.sleeping_ms is None
+    assert "package.thread_wait" in said[-1]
+    untimed = choose_thread_wait("sleep", None, said.append)  # a device over RPC: its server's timing
+    assert untimed is not None and (untimed.policy, untimed.spinning_ms, untimed.sleeping_ms) == ("sleep", None, None)
+    measured = choose_thread_wait("auto", {"spin": [10.0], "sleep": [10.4]}, said.append)
+    assert measured is not None and (measured.policy, measured.chosen_by) == ("sleep", "measured")
+    assert choose_thread_wait("auto", None, said.append) is None  # TVM's default, and nothing to say of it
+
+
+@pytest.mark.slow
+def test_a_recipe_that_asks_for_spinning_threads_ships_them_and_times_only_that_way(tmp_path: Path) -> None:
+    (tmp_path / "r.yaml").write_text("name: r\nmodel: {zoo: tiny_cnn}\nfleet: [{name: host, profile: host}]\n"
+                                     "tuning: {trials_per_task: 0}\npackage: {thread_wait: spin}\noutput: out\n")
+    run = run_edgetune("build", "r.yaml", "--json", "summary.json", cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    host = json.loads((tmp_path / "summary.json").read_text())["targets"]["host"]
+    artifact = Path(host["artifact_dir"])
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    assert manifest["thread_wait"] == host["thread_wait"]
+    assert host["thread_wait"]["policy"] == "spin" and host["thread_wait"]["chosen_by"] == "recipe"
+    assert host["thread_wait"]["sleeping_ms"] is None and host["thread_wait"]["spinning_ms"] == host["latency_ms"]
+    assert json.loads((artifact / "io.json").read_text())["cpu_thread_spin_count"] is None  # TVM's default
+    assert "as the recipe says (package.thread_wait)" in run.stdout

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -18,12 +19,14 @@ SPREAD_NOTED = 1.1
 
 @dataclass(frozen=True)
 class ThreadWaitChoice:
-    """How the artifact's CPU threads wait for work, and the tuned model's idle latencies (ms, medians of the
-    rounds) with its threads spinning and sleeping that chose it."""
+    """How the artifact's CPU threads wait for work, who chose it ("measured": the build, from the tuned model's
+    idle latencies; "recipe": `package.thread_wait`), and those latencies (ms, medians of the rounds; None: that
+    way was not timed here)."""
 
     policy: ThreadWait
-    spinning_ms: float
-    sleeping_ms: float
+    chosen_by: Literal["measured", "recipe"]
+    spinning_ms: float | None
+    sleeping_ms: float | None
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,7 @@ class Latency:
     untuned: float | None = None
     reference: float | None = None
     measured_on: str | None = None
-    thread_wait: ThreadWaitChoice | None = None  # None: TVM's default (spinning), not measured
+    thread_wait: ThreadWaitChoice | None = None  # None: TVM's default (spinning), neither measured nor asked for
 
     def as_manifest(self) -> dict[str, float | None]:
         """The manifest's `latency_ms`; the reference keeps the key it has always had."""
@@ -45,46 +48,59 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
                   untuned: Path | None = None) -> Latency:
     """Time the tuned and the untuned model on the target's device; the reference only beside them here.
     `untuned`: the untuned model's library when the compile stage built it already."""
-    device = ctx.device
+    device, wanted = ctx.device, ctx.recipe.package.thread_wait
     if not device.can_measure:
-        return Latency()
+        return Latency(thread_wait=choose_thread_wait(wanted, None, ctx.say))
     if device.runs_here:
         ctx.say(f"timing tuned, untuned and {ctx.reference.display_name}")
     else:
         ctx.say(f"timing tuned and untuned on the device ({device.where})")
     inputs = ctx.sample_list(samples)
-    thread_wait, reference_ms = None, None
-    with device.thread_wait_timers(library, inputs) as timers:  # its processes start beside the compile
+    timed_ways: dict[str, list[float]] | None = None
+    reference_ms = None
+    ways: tuple[ThreadWait, ...] = ("spin", "sleep") if wanted == "auto" else (wanted,)
+    with device.thread_wait_timers(library, inputs, ways) as timers:  # its processes start beside the compile
         untuned = untuned or _untuned_library(ctx, device.export_function())
         if device.runs_here:
             threads = ctx.profile.hardware.cores or 1
             ours = timers or {"tuned": lambda: device.latency_ms(library, inputs)}
             rounds = each_in_turns({**ours, "reference": lambda: ctx.reference.time(samples, threads=threads)},
                                    TIMING_ROUNDS)
-            thread_wait = _thread_wait(ctx, rounds["spin"], rounds["sleep"]) if timers else None
-            tuned_ms, reference_ms = rounds[thread_wait.policy if thread_wait else "tuned"], rounds["reference"]
-            _say_spread(ctx, "tuned model", tuned_ms)
-            _say_spread(ctx, ctx.reference.display_name, reference_ms)
+            reference_ms = rounds.pop("reference")
+            timed_ways = rounds if timers else None
         else:
-            tuned_ms = [device.latency_ms(library, inputs)]
+            rounds = {"tuned": [device.latency_ms(library, inputs)]}
+    thread_wait = choose_thread_wait(wanted, timed_ways, ctx.say)
+    tuned_ms = rounds[thread_wait.policy] if timed_ways and thread_wait else rounds["tuned"]
+    if reference_ms:
+        _say_spread(ctx, "tuned model", tuned_ms)
+        _say_spread(ctx, ctx.reference.display_name, reference_ms)
     return Latency(tuned=float(np.median(tuned_ms)), untuned=device.latency_ms(untuned, inputs),
                    reference=float(np.median(reference_ms)) if reference_ms else None, measured_on=device.where,
                    thread_wait=thread_wait)
 
 
-def _thread_wait(ctx: TargetBuild, spinning_ms: list[float], sleeping_ms: list[float]) -> ThreadWaitChoice:
-    """Whether the artifact's threads sleep while they wait for work: robust beside other busy processes, where
-    spinning threads hand them the cores (runtime.SPIN_COUNT_ENV), unless it slows the model on the idle device.
-    The tuned latency reported is then the one of the way it waits."""
-    spinning, sleeping = float(np.median(spinning_ms)), float(np.median(sleeping_ms))
-    choice = ThreadWaitChoice(thread_wait_policy(spinning, sleeping), spinning, sleeping)
+def choose_thread_wait(wanted: ThreadWait | Literal["auto"], timed: dict[str, list[float]] | None,
+                       say: Callable[[str], None]) -> ThreadWaitChoice | None:
+    """How the artifact's threads wait for work: the recipe's way, or ("auto") sleeping where the tuned model was
+    timed both ways here and sleeping cost it at most SLEEPING_COST_ACCEPTED (robust beside other busy processes,
+    where spinning threads hand them the cores: runtime.SPIN_COUNT_ENV); None keeps TVM's default. `timed`: the
+    model's rounds (ms) per way it was timed in (None: not timed so, as over RPC)."""
+    medians = {way: float(np.median(rounds)) for way, rounds in (timed or {}).items()}
+    spinning, sleeping = medians.get("spin"), medians.get("sleep")
+    if wanted != "auto":
+        say(f"the artifact's threads {wanted} while they wait for work, as the recipe says (package.thread_wait)")
+        return ThreadWaitChoice(wanted, "recipe", spinning, sleeping)
+    if spinning is None or sleeping is None:
+        return None
+    choice = ThreadWaitChoice(thread_wait_policy(spinning, sleeping), "measured", spinning, sleeping)
     cost = f"{sleeping:.3f} ms with them sleeping against {spinning:.3f} ms spinning"
     if choice.policy == "sleep":
-        ctx.say(f"the artifact's threads sleep while they wait for work ({cost}): other busy processes "
-                "keep their share of the cores")
+        say(f"the artifact's threads sleep while they wait for work ({cost}): other busy processes "
+            "keep their share of the cores")
     else:
-        ctx.say(f"the artifact's threads spin while they wait for work ({cost}, more than "
-                f"{SLEEPING_COST_ACCEPTED:.2f}x): beside other busy processes it slows down more")
+        say(f"the artifact's threads spin while they wait for work ({cost}, more than "
+            f"{SLEEPING_COST_ACCEPTED:.2f}x): beside other busy processes it slows down more")
     return choice
 
 

@@ -179,15 +179,12 @@ _SLOW_UNTUNED_S = 15.0
 or more (ResNet-50: two calls of 6.9 s)."""
 _PROCESS_S = 2.5
 """A fresh process that imports TVM, for each load of a library larger than LOADED_APART_BYTES."""
-_THREAD_WAIT_TIMINGS = TIMING_ROUNDS
-"""The tuned model is timed in two fresh processes (started together), its threads spinning in one and sleeping
-in the other while they wait (build/measure.py): a round more of it, each timing followed by SPIN_DOWN_S."""
 _LIBRARY_PER_WEIGHT_BYTE = 1.5
 """An exported library's size over its model's weights (code and pre-packed copies): ResNet-18 1.28
 (59.9 MB), ResNet-50 1.19, GoogLeNet 1.49 (38.7 MB)."""
 
 
-def finish_seconds(cost: RankCost, compiles: int, loaded_apart: bool) -> float:
+def finish_seconds(cost: RankCost, compiles: int, loaded_apart: bool, thread_wait_ways: int = 2) -> float:
     """What the stages after the in-model comparison take (compile what is still to compile, time the
     tuned, untuned and reference models, package, verify), from one compile and run of the model measured
     here. At 10 minutes, those stages took 10 s (MobileNet-V2, the encoder), 33 s (GoogLeNet, with the
@@ -196,7 +193,10 @@ def finish_seconds(cost: RankCost, compiles: int, loaded_apart: bool) -> float:
     timing_s = timed_seconds(cost.call_s) + _TIMING_OVERHEAD_S
     per_timing = timing_s + (_PROCESS_S if loaded_apart else 0.0)
     untuned_s = min(_SLOW_UNTUNED_S, 2 * _UNTUNED_SLOWDOWN * cost.call_s)
-    thread_wait_s = _PROCESS_S + _THREAD_WAIT_TIMINGS * timing_s + 2 * TIMING_ROUNDS * SPIN_DOWN_S
+    # the tuned model is timed in a fresh process per way its threads may wait (build/measure.py), started
+    # together: with `package.thread_wait: auto` two, so a round more; each timing is followed by SPIN_DOWN_S
+    thread_wait_s = (_PROCESS_S + (thread_wait_ways - 1) * TIMING_ROUNDS * timing_s
+                     + thread_wait_ways * TIMING_ROUNDS * SPIN_DOWN_S)
     return compiles * cost.compile_s + _TIMINGS * per_timing + untuned_s + thread_wait_s
 
 
@@ -241,7 +241,8 @@ def _budget_reserve(ctx: TargetBuild):
         # the comparison compiles the untuned model and the one to ship; without it the later stages do
         finish = finish_seconds(cost, compiles=0 if ctx.candidates > 1 else 2,
                                 loaded_apart=constant_bytes(ctx.relax_mod) * _LIBRARY_PER_WEIGHT_BYTE
-                                > LOADED_APART_BYTES)
+                                > LOADED_APART_BYTES,
+                                thread_wait_ways=2 if ctx.recipe.package.thread_wait == "auto" else 1)
         kept = min(compare + finish, ctx.budget_s / 2)
         ctx.finish_reserve_s = finish * kept / (compare + finish)
         ctx.say(f"one compile and run of the model took {one_rank:.0f} s: the tuning budget keeps {kept:.0f} s, "

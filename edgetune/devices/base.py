@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ from edgetune.fleet.endpoints import device_summary
 if TYPE_CHECKING:
     from edgetune.package.manifest import Manifest
     from edgetune.package.verify import OutputCheck
+    from edgetune.runtime import ThreadWait
 
 
 class Device(ABC):
@@ -58,11 +59,11 @@ class Device(ABC):
         """Median latency of a compiled model, timed on the device."""
 
     @contextmanager
-    def thread_wait_timers(self, library: Path, inputs: list[np.ndarray]
+    def thread_wait_timers(self, library: Path, inputs: list[np.ndarray], ways: Sequence[ThreadWait]
                            ) -> Iterator[dict[str, Callable[[], float]] | None]:
-        """Two timers of the model (ms per call, each call a timing): "spin", TVM's CPU threads spinning while
-        they wait for work (its default), and "sleep"; None where the device cannot start a process with
-        either (over RPC the server's own environment holds)."""
+        """A timer of the model (ms per call, each call a timing) for each of `ways`: "spin", TVM's CPU threads
+        spinning while they wait for work (its default), "sleep"; None where the device cannot start a process
+        with either (over RPC the server's own environment holds)."""
         yield None
 
     def output_check(self, artifact_dir: Path, manifest: Manifest) -> tuple[str, OutputCheck] | None:

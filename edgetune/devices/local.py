@@ -5,14 +5,17 @@ from __future__ import annotations
 import platform
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgetune.devices.base import Device
+
+if TYPE_CHECKING:
+    from edgetune.runtime import ThreadWait
 
 
 class LocalDevice(Device):
@@ -46,20 +49,20 @@ class LocalDevice(Device):
         return in_own_process(library, library_latency_ms, library, inputs, self.cpu_threads)
 
     @contextmanager
-    def thread_wait_timers(self, library: Path, inputs: list[np.ndarray]
+    def thread_wait_timers(self, library: Path, inputs: list[np.ndarray], ways: Sequence[ThreadWait]
                            ) -> Iterator[dict[str, Callable[[], float]] | None]:
-        """Two fresh processes, one whose TVM threads spin while they wait and one whose threads sleep (TVM reads
-        how once, when a process's pool starts); each loads the library once and times it per call."""
+        """A fresh process for each of `ways`, its TVM threads spinning or sleeping while they wait (TVM reads how
+        once, when a process's pool starts); each loads the library once and times it per call."""
         from edgetune.isolated import processes_with
         from edgetune.runtime import SPIN_COUNT_ENV, SPIN_DOWN_S, spin_count
 
         if not self.cpu_threads:
             yield None
             return
-        policies = [{SPIN_COUNT_ENV: None}, {SPIN_COUNT_ENV: str(spin_count("sleep"))}]
-        with processes_with(policies) as (spinning, sleeping):
-            for process in (spinning, sleeping):
-                process.submit(_import_tvm)  # both start now, while the caller goes on (a compile, say)
+        counts = [spin_count(way) for way in ways]
+        with processes_with([{SPIN_COUNT_ENV: None if n is None else str(n)} for n in counts]) as processes:
+            for process in processes:
+                process.submit(_import_tvm)  # they all start now, while the caller goes on (a compile, say)
 
             def timer(process) -> Callable[[], float]:
                 def timed() -> float:
@@ -68,7 +71,7 @@ class LocalDevice(Device):
                     return latency
                 return timed
 
-            yield {"spin": timer(spinning), "sleep": timer(sleeping)}
+            yield {way: timer(process) for way, process in zip(ways, processes)}
 
 
 def _import_tvm() -> None:

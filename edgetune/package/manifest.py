@@ -125,12 +125,14 @@ class LatencyFacts(_Part):
 
 
 class ThreadWaitFacts(_Part):
-    """How the artifact's CPU threads wait for work (`run.py` and `deploy` set TVM's spin count from io.json),
-    and the tuned model's idle latencies, in ms, with them spinning and sleeping, that chose it."""
+    """How the artifact's CPU threads wait for work (`run.py` and `deploy` set TVM's spin count from io.json), who
+    chose it (the build, measuring; or the recipe's `package.thread_wait`), and the tuned model's idle latencies,
+    in ms, with them spinning and sleeping (None: not timed that way here)."""
 
     policy: Literal["spin", "sleep"]
-    spinning_ms: Number
-    sleeping_ms: Number
+    chosen_by: Literal["measured", "recipe"] = "measured"
+    spinning_ms: Number | None = None
+    sleeping_ms: Number | None = None
 
 
 class Verification(_Part):
