@@ -11,7 +11,8 @@ each from its own fresh record store, one seed after another, their order rotati
   sibling is this CPU as a 1-core device (`overrides: {hardware: {cores: 1}}`: another core count, so
   its own store and target string), tuned once before the seeds with draft-verify for
   `--sibling-budget-min` (default: twice the budget; a fleet's sibling holds the records of earlier
-  releases). Each seed gets a fresh copy of that store.
+  releases). Each seed gets a fresh copy of that store. `--sibling-records DIR` keeps the sibling's store
+  there, or reuses the one an earlier run kept there.
 Each build is the `edgetune build` command, in a process of its own. From its summary come the
 time to beat ONNX Runtime (`time_to_beat_reference_s`, seconds of tuning) and the tuning curve (the
 model's latency along the tuning, estimated from the kernels' best times and anchored on the final
@@ -97,8 +98,10 @@ def latency_at(curve: list[list[float]], seconds: float) -> float | None:
 
 def run_seeds(args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
     """The sibling once, then every system for every seed (order rotating); one row per build."""
-    sibling_records = scratch / "sibling-records"
-    if "draft-verify+sibling" in args.systems:
+    sibling_records = args.sibling_records or scratch / "sibling-records"
+    if "draft-verify+sibling" in args.systems and any(sibling_records.glob("sibling-*/database_tuning_record.json")):
+        print(f"sibling: the records kept in {sibling_records}", flush=True)
+    elif "draft-verify+sibling" in args.systems:
         sibling_min = args.sibling_budget_min or 2 * args.budget_min
         print(f"sibling: {args.model} as a 1-core device, draft-verify, {sibling_min} min", flush=True)
         sibling = build(recipe(args.model, sibling_min, "draft-verify", 0, False, scratch / "sibling-out"),
@@ -180,6 +183,9 @@ def main() -> int:
     parser.add_argument("--budget-min", type=float, default=5.0)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--sibling-budget-min", type=float, help="the sibling's budget (default: twice --budget-min)")
+    parser.add_argument("--sibling-records", type=Path,
+                        help="the sibling's record store: tuned into this folder when it holds none, else reused "
+                             "(a sibling tuned by an earlier run: its build takes --sibling-budget-min)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds of the artifacts")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
                         help="which of the three to build (the sibling is tuned only for the third)")
