@@ -138,6 +138,12 @@ def thread_wait_policy(spinning_ms: float, sleeping_ms: float) -> ThreadWait:
     return "sleep" if sleeping_ms <= SLEEPING_COST_ACCEPTED * spinning_ms else "spin"
 
 
+def thread_wait_ways(wanted: ThreadWait | Literal["auto"]) -> tuple[ThreadWait, ...]:
+    """The ways the tuned model is timed in for the recipe's `package.thread_wait`: both where the build chooses
+    ("auto"), else the one asked for."""
+    return ("spin", "sleep") if wanted == "auto" else (wanted,)
+
+
 def spin_count(policy: ThreadWait | None) -> int | None:
     """The `SPIN_COUNT_ENV` value that gives `policy` (None: TVM's default, which spins)."""
     return 0 if policy == "sleep" else None

@@ -11,7 +11,14 @@ from typing import Literal
 import numpy as np
 
 from edgetune.build.context import TargetBuild
-from edgetune.runtime import SLEEPING_COST_ACCEPTED, TIMING_ROUNDS, ThreadWait, each_in_turns, thread_wait_policy
+from edgetune.runtime import (
+    SLEEPING_COST_ACCEPTED,
+    TIMING_ROUNDS,
+    ThreadWait,
+    each_in_turns,
+    thread_wait_policy,
+    thread_wait_ways,
+)
 
 SPREAD_NOTED = 1.1
 """Rounds further apart than this (slowest / fastest) are reported."""
@@ -58,8 +65,7 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
     inputs = ctx.sample_list(samples)
     timed_ways: dict[str, list[float]] | None = None
     reference_ms = None
-    ways: tuple[ThreadWait, ...] = ("spin", "sleep") if wanted == "auto" else (wanted,)
-    with device.thread_wait_timers(library, inputs, ways) as timers:  # its processes start beside the compile
+    with device.thread_wait_timers(library, inputs, thread_wait_ways(wanted)) as timers:  # its processes start beside the compile
         untuned = untuned or _untuned_library(ctx, device.export_function())
         if device.runs_here:
             threads = ctx.profile.hardware.cores or 1

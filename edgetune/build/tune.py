@@ -11,7 +11,7 @@ from edgetune.build.context import Event, TargetBuild
 from edgetune.frontend.onnx import fuse_for_tuning
 from edgetune.isolated import LOADED_APART_BYTES
 from edgetune.report.summary import TargetResult
-from edgetune.runtime import SPIN_DOWN_S, TIMING_ROUNDS, timed_seconds
+from edgetune.runtime import SPIN_DOWN_S, TIMING_ROUNDS, thread_wait_ways, timed_seconds
 from edgetune.tuning.builder import STRAGGLER_FACTOR
 from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.measurements import NoiseCounts
@@ -242,7 +242,7 @@ def _budget_reserve(ctx: TargetBuild):
         finish = finish_seconds(cost, compiles=0 if ctx.candidates > 1 else 2,
                                 loaded_apart=constant_bytes(ctx.relax_mod) * _LIBRARY_PER_WEIGHT_BYTE
                                 > LOADED_APART_BYTES,
-                                thread_wait_ways=2 if ctx.recipe.package.thread_wait == "auto" else 1)
+                                thread_wait_ways=len(thread_wait_ways(ctx.recipe.package.thread_wait)))
         kept = min(compare + finish, ctx.budget_s / 2)
         ctx.finish_reserve_s = finish * kept / (compare + finish)
         ctx.say(f"one compile and run of the model took {one_rank:.0f} s: the tuning budget keeps {kept:.0f} s, "
