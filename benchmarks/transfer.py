@@ -69,7 +69,7 @@ def tune_run(task, store_dir: Path, trials: int, search: str, seed: int,
     started = time.monotonic()
     loaded = None
     if siblings:
-        loaded = load_sibling_records({n: RecordStore(d) for n, d in siblings.items()}, [task], target, cores)
+        loaded = load_sibling_records(siblings, [task], target, cores)
     load_s = time.monotonic() - started
     plan = TuningPlan(trials, None, search, seed, cores, profile.hardware, profile.device, profile.isa,
                       siblings=loaded, transfer=mode)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -40,6 +42,51 @@ def use_cpu_threads(cores: int) -> None:
                            f"asked for {cores}: set TVM_NUM_THREADS={cores} before running kernels")
 
 
+@contextmanager
+def off_the_pool_threads_cores() -> Iterator[None]:
+    """This thread kept, while it runs kernels, off the cores TVM's thread pool binds its other threads to.
+
+    The thread that calls a parallel kernel runs the loop's first share itself, and TVM leaves it free to
+    run on any core while it binds each pool thread to one. Started on a pool thread's core, it shared that
+    core until Linux moved it, 0.1-0.2 s later: the first candidates a fresh tuning worker timed ran at twice
+    their time (a convolution measured at 313 us ran at 620-720 us, every time it came first). Linux only;
+    elsewhere, and where no core is left free, nothing changes.
+    """
+    tvm.get_global_func("runtime.NumThreads")()  # starts this thread's pool, which binds its threads
+    try:
+        allowed = os.sched_getaffinity(0)
+        free = allowed - _cores_bound_to_other_threads()
+    except (AttributeError, OSError):  # no affinity calls or no /proc: not Linux
+        allowed = free = set()
+    narrowed = bool(free) and free != allowed
+    if narrowed:
+        os.sched_setaffinity(0, free)
+    try:
+        yield
+    finally:
+        if narrowed:
+            os.sched_setaffinity(0, allowed)
+
+
+def _cores_bound_to_other_threads() -> set[int]:
+    """The cores this process's other threads are each bound to alone (TVM's pool threads)."""
+    own = str(threading.get_native_id())
+    bound: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        if task.name == own:
+            continue
+        try:
+            status = (task / "status").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        for line in status.splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                cores = line.split(":", 1)[1].strip()
+                if cores.isdigit():
+                    bound.add(int(cores))
+    return bound
+
+
 def load_library(path: Path, device: tvm.runtime.Device) -> relax.VirtualMachine:
     """The library's model, ready to run. TVM never unloads a library it loaded: its weights stay in this
     process until it ends (see `edgetune.isolated`)."""
@@ -63,12 +110,21 @@ def time_model(
     """Median latency in milliseconds over _REPEATS repeats, together about `min_total_s` long, or shorter
     for a model so fast that _ENOUGH_CALLS calls take less (never under _SHORTEST_S). A model whose one call
     takes `min_total_s` is timed over single calls, at most _SLOW_REPEATS and about _SLOW_TOTAL_CALLS x
-    `min_total_s` in all (an untuned ResNet-50, 6 s a call, over one).
+    `min_total_s` in all (an untuned ResNet-50, 6 s a call, over one). On a CPU, the calling thread keeps off
+    the cores of TVM's pool threads while it times (`off_the_pool_threads_cores`).
 
     Calls per repeat come from three timed calls, not from TVM's `min_repeat_ms`: that grows the count
     by 1.618x steps until a repeat is long enough and keeps the overshoot, so a 0.03 ms model took
     1.75 s to time (50,000 calls) instead of 0.2 s (6,000).
     """
+    if device.dlpack_device_type() == tvm.cpu().dlpack_device_type():
+        with off_the_pool_threads_cores():
+            return _time_model(vm, inputs, device, min_total_s)
+    return _time_model(vm, inputs, device, min_total_s)
+
+
+def _time_model(vm: relax.VirtualMachine, inputs: list[np.ndarray], device: tvm.runtime.Device,
+                min_total_s: float) -> float:
     args = [tvm.runtime.tensor(x, device) for x in inputs]
     started = time.perf_counter()
     vm["main"](*args)  # warm-up: first call allocates

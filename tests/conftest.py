@@ -38,9 +38,13 @@ fleet:
 tuning:
   trials_per_task: {trials}{budget}
   max_tasks: {max_tasks}
-  seed: 1
-output: out
+  seed: 1{lean_tuning}
+output: out{lean_package}
 """
+LEAN_TUNING = "\n  in_model_candidates: 1"
+LEAN_PACKAGE = "\npackage:\n  thread_wait: spin"
+"""A lean tiny build: the tuner's best packaged and the model timed one way (6 of a tiny build's 15 s here).
+The session's tiny build keeps the defaults: its tests check the in-model comparison and the threads' wait."""
 
 
 def run_edgetune(*args: str, cwd: Path | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -50,10 +54,12 @@ def run_edgetune(*args: str, cwd: Path | None = None, timeout: float = 900) -> s
     )
 
 
-def write_tiny_recipe(directory: Path, trials: int = 2, max_tasks: int = 2, budget_min: float | None = None) -> Path:
+def write_tiny_recipe(directory: Path, trials: int = 2, max_tasks: int = 2, budget_min: float | None = None,
+                      lean: bool = True) -> Path:
     path = directory / "tiny.yaml"
     budget = f"\n  time_budget_min: {budget_min}" if budget_min else ""
-    path.write_text(TINY_RECIPE.format(trials=trials, max_tasks=max_tasks, budget=budget))
+    path.write_text(TINY_RECIPE.format(trials=trials, max_tasks=max_tasks, budget=budget,
+                                       lean_tuning=LEAN_TUNING if lean else "", lean_package=LEAN_PACKAGE if lean else ""))
     return path
 
 
@@ -61,7 +67,7 @@ def write_tiny_recipe(directory: Path, trials: int = 2, max_tasks: int = 2, budg
 def tiny_build(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """tiny_cnn built for this machine with 2 trials for each of its 2 heaviest tasks."""
     directory = tmp_path_factory.mktemp("tiny")
-    write_tiny_recipe(directory)
+    write_tiny_recipe(directory, lean=False)
     run = run_edgetune("build", "tiny.yaml", "--json", "summary.json", cwd=directory)
     assert run.returncode == 0, run.stdout + run.stderr
     return directory, run

@@ -89,7 +89,7 @@ def test_a_time_budget_covers_the_whole_target_build(tmp_path) -> None:
     """The tuner stops early by the expected time of the in-model comparison and of the stages after it:
     import, tuning, comparison, final compile, timing, packaging and verification end within the budget."""
     budget_s = 18
-    write_recipe(tmp_path, trials=1000, max_tasks=1, budget_min=budget_s / 60)
+    write_recipe(tmp_path, trials=1000, max_tasks=1, budget_min=budget_s / 60, lean=False)
     command_started = time.monotonic()
     run = edgetune("build", "tiny.yaml", "--json", "summary.json", cwd=tmp_path)
     command_s = time.monotonic() - command_started
@@ -201,15 +201,15 @@ def test_second_build_measures_nothing_and_keeps_the_artifact(built) -> None:
 
 
 def test_interrupted_tuning_keeps_its_records_and_resumes(tmp_path) -> None:
-    write_recipe(tmp_path, trials=2, max_tasks=2)
+    write_recipe(tmp_path, trials=3, max_tasks=2)  # the first batch measures 2 drafts per task, a round the third
     process = subprocess.Popen([sys.executable, "-m", "edgetune", "build", "tiny.yaml"], cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while not records(tmp_path) and time.monotonic() < deadline and process.poll() is None:
-        time.sleep(0.5)
+        time.sleep(0.1)
     process.send_signal(signal.SIGINT)
     output, _ = process.communicate(timeout=120)
-    kept = records(tmp_path)  # the first task's round; the interrupt lands while the second task tunes
+    kept = records(tmp_path)  # the first batch's; the interrupt lands while it runs or just after
     assert kept, output
     assert process.returncode == 130, output
     assert "resume" in output
@@ -218,5 +218,5 @@ def test_interrupted_tuning_keeps_its_records_and_resumes(tmp_path) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     assert records(tmp_path)[: len(kept)] == kept
     host = json.loads((tmp_path / "summary.json").read_text())["targets"]["host"]
-    assert host["trials_total"] == 4
-    assert host["trials_measured"] == 4 - len(kept)
+    assert host["trials_total"] == 6
+    assert host["trials_measured"] == 6 - len(kept) > 0

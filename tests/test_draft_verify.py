@@ -17,6 +17,7 @@ from edgetune.tuning.analyzer import SpaceModel
 from edgetune.tuning.analyzer.space import replay
 from edgetune.tuning.cost_model.ranking import RankingCostModel
 from edgetune.tuning.database.store import RecordStore
+from edgetune.tuning.intrinsics import register_tensor_intrinsics
 from edgetune.tuning.search_strategy.draft_verify import (
     FALLBACK_PER_TRIAL,
     FIRST_BATCHES,
@@ -45,6 +46,7 @@ def unscheduled_matmul_seconds(n: int, target: tvm.target.Target) -> float:
 
 
 def host_context(mod: tvm.IRModule, strategy="evolutionary") -> ms.TuneContext:
+    register_tensor_intrinsics(load_profile("host").tvm_target())  # as a build does (TuneContext alone: 35 s)
     return ms.TuneContext(mod=mod, target=load_profile("host").tvm_target(), space_generator="post-order-apply",
                           search_strategy=strategy, task_name="matmul", rand_state=3, num_threads=2)
 
@@ -121,6 +123,19 @@ def test_rounds_draft_new_unique_candidates():
         seen |= hashes
         strategy.notify_runner_results(batch, [RunnerResult([1e-3], None) for _ in batch])
     assert sizes == [8, 16, 16]
+
+
+def test_the_analyzers_best_drafts_come_without_a_database_and_leave_the_strategy_fresh():
+    """What the first batch measures of a task without a sibling's seed: the round's first picks, distinct,
+    drafted before anything of the task was measured; the strategy is ready for the task's own round after."""
+    from edgetune.tuning.search_strategy.draft_verify import analyzer_best
+
+    mod = matmul(128)
+    strategy = DraftVerifySearch(load_profile("host").hardware, "cpu", population=256)
+    ctx = host_context(mod, strategy)
+    drafts = analyzer_best(ctx, strategy, 2)
+    assert len({tvm_ffi.structural_hash(c.sch.mod) for c in drafts}) == len(drafts) == 2
+    assert strategy.spaces == [] and strategy.counts.drafted > 0
 
 
 def test_until_the_learned_model_counts_a_round_materializes_only_a_few_drafts_per_candidate():
@@ -201,6 +216,35 @@ def test_short_tuning_run_improves_on_its_first_batch(tmp_path):
     assert batches[0] * 20 < unscheduled_matmul_seconds(384, profile.tvm_target())
     assert min(batches[1:]) < batches[0] * 1.10
     assert model.size == 24 and (tmp_path / "cost_model.npz").exists()
+
+
+@pytest.mark.slow
+def test_a_build_from_scratch_gives_every_task_the_analyzers_best_drafts_in_one_batch_before_any_round(tmp_path):
+    """No records, no siblings: the first thing measured is one batch of every task's best drafts, each built
+    and run; the model's tuning curve starts when it ends, before any task's round; each round then measures
+    the rest of its task's trials, never a draft twice. The stock search has no analyzer: it starts with rounds."""
+    from edgetune.tuning.tasks import TuningTask
+    from edgetune.tuning.tune import FIRST_DRAFTS, tune
+
+    profile = load_profile("host")
+    tasks = [TuningTask(f"matmul{n}", matmul(n), 1, 2.0 * n ** 3) for n in (64, 96)]
+    trials = 6
+    store = RecordStore(tmp_path / "scratch")
+    plan = TuningPlan(trials, None, "draft-verify", 0, 2, profile.hardware, profile.device, profile.isa)
+    result = tune(tasks, profile.tvm_target(), store, plan)
+    log = store.read_log()
+    first = len(tasks) * FIRST_DRAFTS
+    assert [(e["task"], e["measured"]) for e in log[:first]] == [(t.name, 1) for t in tasks for _ in range(FIRST_DRAFTS)]
+    assert all(e["batch_best_us"] for e in log[:first])  # built and run
+    assert log[first - 1]["elapsed_s"] <= result.curve[0][0] < log[first]["elapsed_s"]
+    assert [e["task"] for e in log[first:]] == [t.name for t in tasks]  # one round each: the rest of its trials
+    for task in tasks:
+        records = store.database.get_top_k(store.database.commit_workload(task.mod), 100)
+        assert len({str(record.trace) for record in records}) == len(records) == trials
+
+    stock = RecordStore(tmp_path / "stock")
+    tune(tasks, profile.tvm_target(), stock, TuningPlan(trials, None, "evolutionary", 0, 2))
+    assert stock.read_log()[0]["measured"] > 1
 
 
 # -- every kind of task, and the guards on degenerate figures ------------------------------------

@@ -1,4 +1,5 @@
-"""Tuning a CPU or OpenCL target registers the intrinsics its schedule rules can use, not every backend's."""
+"""Tuning a CPU or OpenCL target registers the intrinsics its schedule rules can use, not every backend's: a CPU
+target its own ISA's."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from tvm.s_tir._tensor_intrin import TensorIntrin
 register_tensor_intrinsics(tvm.target.Target({KIND}))
 from tvm.s_tir import meta_schedule as ms
 from tvm import te
-a = te.placeholder((64, 64), name="A")
-k = te.reduce_axis((0, 64), name="k")
-c = te.compute((64, 64), lambda i, j: te.sum(a[i, k] * a[k, j], axis=k), name="C")
-context = ms.TuneContext(mod=tvm.IRModule({{"main": te.create_prim_func([a, c])}}), target=tvm.target.Target({KIND}),
-                         space_generator="post-order-apply", search_strategy="evolutionary", num_threads=1)
-assert context.generate_design_space()
+for dtype, acc in (("float32", "float32"), ("uint8", "int32"), ("int8", "int32")):  # int8: the dot-product rules
+    a = te.placeholder((64, 64), name="A", dtype=dtype)
+    k = te.reduce_axis((0, 64), name="k")
+    c = te.compute((64, 64), lambda i, j: te.sum(a[i, k].astype(acc) * a[k, j].astype(acc), axis=k), name="C")
+    context = ms.TuneContext(mod=tvm.IRModule({{"main": te.create_prim_func([a, c])}}),
+                             target=tvm.target.Target({KIND}), space_generator="post-order-apply",
+                             search_strategy="evolutionary", num_threads=1)
+    assert context.generate_design_space()
 for name in ("dot_16x4_vnni", "dot_4x4_i8i8s32_sdot", "wmma_sync_16x16x16_f16f16f32"):
     print(name, TensorIntrin.get(name, allow_missing=True) is not None)
 print("cuda module", "tvm.s_tir.tensor_intrin.cuda" in sys.modules)
@@ -32,10 +35,19 @@ def _registered(kind: dict) -> str:
     return run.stdout
 
 
-def test_a_cpu_target_gets_the_x86_and_arm_intrinsics_and_no_cuda() -> None:
+def test_an_x86_target_gets_the_x86_intrinsics_only() -> None:
     out = _registered({"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2})
-    assert "dot_16x4_vnni True" in out and "dot_4x4_i8i8s32_sdot True" in out
+    assert "dot_16x4_vnni True" in out and "dot_4x4_i8i8s32_sdot False" in out
     assert "wmma_sync_16x16x16_f16f16f32 False" in out and "cuda module False" in out
+
+
+def test_an_arm_target_gets_the_arm_intrinsics_only() -> None:
+    """Cross-compiled from this x86 machine: the target's triple decides, not this machine's."""
+    from edgetune.profiles import resolve_profile
+
+    for profile in ("cortex-a53", "raspberry-pi-4"):
+        out = _registered(dict(resolve_profile(profile, None).target))
+        assert "dot_16x4_vnni False" in out and "dot_4x4_i8i8s32_sdot True" in out and "cuda module False" in out
 
 
 def test_an_opencl_target_generates_its_space_without_any_intrinsics() -> None:
@@ -59,3 +71,43 @@ def test_a_cuda_target_gets_every_module_tvm_registers() -> None:
                 if isinstance(node, ast.ImportFrom) and node.level == 1 for alias in node.names}
     assert "cuda" in imported
     assert set(intrinsic_modules(tvm.target.Target(dict(resolve_profile("a100", None).target)))) == imported
+
+
+def test_the_stack_tvmscript_sees_while_intrinsics_load_holds_what_its_parser_reads() -> None:
+    """The shallow stack has every frame and line number; the source lines of the first three frames (the
+    parser reads the third's: a class body?); TVMScript still parses a prim_func alone and in an ir_module."""
+    import inspect
+
+    import tvm
+    from tvm.script import ir as I
+    from tvm.script import tirx as T
+
+    from edgetune.tuning.intrinsics import _shallow_stack, _stack_without_deep_lines
+
+    def both() -> tuple[list, list]:
+        return _shallow_stack(), inspect.stack()
+
+    shallow, full = both()
+    assert [f.frame for f in shallow] == [f.frame for f in full] and len(full) > 3
+    assert [f.lineno for f in shallow] == [f.lineno for f in full]
+    assert [f.code_context for f in shallow[:3]] == [f.code_context for f in full[:3]]
+    assert all(f.code_context is None for f in shallow[3:])
+
+    with _stack_without_deep_lines():
+        @T.prim_func
+        def alone(a: T.Buffer((4,), "float32")):
+            for i in range(4):
+                a[i] = T.float32(1)
+
+        @I.ir_module
+        class Module:
+            @T.prim_func
+            def main(a: T.Buffer((4,), "float32")):
+                for i in range(4):
+                    a[i] = T.float32(2)
+
+    assert isinstance(alone, tvm.tirx.PrimFunc) and isinstance(Module, tvm.IRModule)
+    assert isinstance(Module["main"], tvm.tirx.PrimFunc)
+    from tvm.tirx.script.parser import entry
+
+    assert entry.inspect is inspect  # restored

@@ -101,11 +101,21 @@ def test_a_damaged_workload_line_keeps_record_indices_right(tiny_build, tmp_path
     assert len(RecordStore(store_dir).database) == len(survivors) + 2
 
 
-def _exported(tiny_build, tmp_path: Path) -> tuple[Path, Path]:
-    directory = _copy_build(tiny_build, tmp_path / "build")
-    archive = tmp_path / "records.tar.gz"
+@pytest.fixture(scope="module")
+def exported(tiny_build, tmp_path_factory) -> Path:
+    """The tiny build's records, exported once by `edgetune records export`."""
+    directory = _copy_build(tiny_build, tmp_path_factory.mktemp("export") / "build")
+    archive = directory.parent / "records.tar.gz"
     run = run_edgetune("records", "export", "tiny.yaml", "-o", str(archive), cwd=directory)
     assert run.returncode == 0, run.stderr
+    return archive
+
+
+def _exported(tiny_build, exported: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the tiny build and of its exported records, for one test to change."""
+    directory = _copy_build(tiny_build, tmp_path / "build")
+    archive = tmp_path / "records.tar.gz"
+    shutil.copyfile(exported, archive)
     return directory, archive
 
 
@@ -133,8 +143,9 @@ UNKNOWN_INSTRUCTION = b'[0, [[[["NoSuchInstruction", [], [], []]], []], [1e-3], 
     ("cost_model.npz", lambda data: b"garbage", "cost_model.npz: not a cost model saved by edgetune"),
     ("tuning_log.jsonl", lambda data: data + b"{cut short\n", "tuning_log.jsonl:"),
 ], ids=["bad-shape", "tvm-rejects", "garbage-cost-model", "bad-log-line"])
-def test_an_import_with_one_bad_part_changes_nothing(tiny_build, tmp_path: Path, suffix, change, expected) -> None:
-    directory, archive = _exported(tiny_build, tmp_path)
+def test_an_import_with_one_bad_part_changes_nothing(tiny_build, exported, tmp_path: Path, suffix, change,
+                                                     expected) -> None:
+    directory, archive = _exported(tiny_build, exported, tmp_path)
     with tarfile.open(archive, "r:gz") as tar:
         present = any(name.endswith(suffix) for name in tar.getnames())
     if not present:  # a store whose search kept no learned model: give the archive one

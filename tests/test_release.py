@@ -34,9 +34,12 @@ model: {{zoo: tiny_cnn}}
 fleet:
   - {{name: host, profile: host}}
   - {{name: host-b, profile: host, overrides: {{target: {{num-cores: 1}}, hardware: {{cores: 1}}}}}}
-tuning: {{trials_per_task: {trials}, max_tasks: 1, seed: 1}}
+tuning: {{trials_per_task: {trials}, max_tasks: 1, seed: 1, in_model_candidates: 1}}
+package: {{thread_wait: spin}}
 output: out
 """
+"""Two host targets, tuned: the tuner's best packaged, timed one way each (the in-model comparison and how the
+threads wait are tested elsewhere)."""
 TRIALS = 2
 
 

@@ -22,6 +22,9 @@ tuning:
   search: draft-verify
   trials_per_task: 2
   seed: 1
+  in_model_candidates: 1
+package:
+  thread_wait: spin
 records_dir: records
 output: out
 """

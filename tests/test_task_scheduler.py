@@ -95,6 +95,33 @@ def test_under_a_budget_a_task_with_sibling_schedules_measures_just_those_first(
     assert first_rounds(None) == [16, 16]
 
 
+def test_a_seed_the_siblings_batch_measured_is_not_asked_for_again() -> None:
+    """The first batch measured one seed of each seeded task before the scheduler ran: the task's first
+    round is its other seeds (under a budget) or the rest of its trials, after the first round of the task
+    the batch could not seed; a curve point taken after the batch is the curve's start."""
+    def first_rounds(budget_s: float | None, seeds: int) -> tuple[list[int], TaskScheduler]:
+        outcomes = [TaskOutcome("seeded", 1, 1e6, 0, 1, 10.0, sibling_seeds=seeds),
+                    TaskOutcome("unseeded", 1, 1e6, 0, 0, None)]
+        trials_of_first: list[int] = []
+
+        def measure_round(position: int, trials: int, enough: int) -> None:
+            if outcomes[position].trials_measured <= (position == 0):
+                trials_of_first.append(trials)
+            outcomes[position].trials_measured += trials
+
+        scheduler = TaskScheduler(outcomes, 16, budget_s, time.monotonic(), measure_round, lambda p: 10.0,
+                                  lambda: None, curve=[(1.0, 0.01)])
+        scheduler.run()
+        assert all(o.trials_measured == 16 for o in outcomes)
+        return trials_of_first, scheduler
+
+    (budgeted, scheduler), (unbudgeted, _) = first_rounds(100.0, 4), first_rounds(None, 4)
+    assert (budgeted, unbudgeted) == ([8, 3], [16, 15])  # the unseeded task first: it has no schedule yet
+    assert scheduler.curve[0] == (1.0, 0.01) and len(scheduler.curve) > 1
+    # its one seed was its first pass: after the unseeded task's first round come the search's rounds
+    assert first_rounds(100.0, 1)[0] == [8, 15]
+
+
 def test_under_a_budget_draft_verify_rounds_are_short_so_every_task_gets_another() -> None:
     """Rounds of 64 took 18-50 s in a 10-minute ResNet-50 build: 12 fitted after the first pass, for 28
     tasks, and tasks called three times per inference kept their first pass's schedules. Draft-verify's

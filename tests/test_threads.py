@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -41,3 +42,34 @@ def test_a_pool_started_wider_is_narrowed() -> None:
                          env={**os.environ, "TVM_NUM_THREADS": "2"}, check=False)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["2", "1"]
+
+
+KEPT_APART = """
+import glob, json, os, threading
+import tvm
+from edgetune.runtime import off_the_pool_threads_cores, use_cpu_threads
+use_cpu_threads(2)
+before = os.sched_getaffinity(0)
+with off_the_pool_threads_cores():
+    inside = os.sched_getaffinity(0)
+    pool_cores = set()
+    for task in glob.glob("/proc/self/task/*"):
+        if task.endswith("/" + str(threading.get_native_id())):
+            continue
+        line = [l for l in open(task + "/status") if l.startswith("Cpus_allowed_list")][0]
+        if line.split(":")[1].strip().isdigit():
+            pool_cores.add(int(line.split(":")[1]))
+print(json.dumps([sorted(before), sorted(inside), sorted(pool_cores), sorted(os.sched_getaffinity(0))]))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: TVM's pool has no thread of its own")
+def test_a_timing_thread_keeps_off_the_cores_of_the_pools_threads_and_gets_its_cores_back() -> None:
+    """The thread that runs a kernel's first share is kept off the core TVM bound its pool thread to (sharing it
+    ran a fresh worker's first timings at twice their time), and is free again afterwards."""
+    run = subprocess.run([sys.executable, "-c", KEPT_APART], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert run.returncode == 0, run.stderr
+    before, inside, pool_cores, after = json.loads(run.stdout.splitlines()[-1])
+    assert pool_cores and inside and not set(inside) & set(pool_cores)
+    assert set(inside) | set(pool_cores) <= set(before) and after == before

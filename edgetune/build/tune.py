@@ -3,6 +3,7 @@ measured warm-starts it. Produces the target's result with its tuning summary.""
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,11 +14,10 @@ from edgetune.isolated import LOADED_APART_BYTES
 from edgetune.report.summary import TargetResult
 from edgetune.runtime import SPIN_DOWN_S, TIMING_ROUNDS, thread_wait_ways, timed_seconds
 from edgetune.tuning.builder import STRAGGLER_FACTOR
-from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.measurements import NoiseCounts
 from edgetune.tuning.shards import tune_in_shards
 from edgetune.tuning.tasks import extract_tasks
-from edgetune.tuning.transfer.siblings import load_sibling_records
+from edgetune.tuning.transfer.siblings import load_sibling_seeds
 from edgetune.tuning.tune import TuningPlan, TuningResult, tune
 
 if TYPE_CHECKING:
@@ -32,17 +32,17 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
     tuned_tasks = tasks[: recipe.tuning.max_tasks] if recipe.tuning.max_tasks else tasks
     trials = recipe.tuning.trials_per_task
     sharded = _splits_tasks(ctx, tuned_tasks)
-    siblings = None
+    siblings, started = None, time.monotonic()  # the tuning's clock counts the siblings' reading
     if ctx.sibling_stores and recipe.tuning.transfer != "off" and trials != 0 and not sharded:
-        siblings = load_sibling_records({n: RecordStore(s.directory) for n, s in ctx.sibling_stores.items()},
-                                        tuned_tasks, ctx.tvm_target, profile.hardware.cores or 1)
-        ctx.say(f"transfer from {', '.join(ctx.sibling_stores)}: {siblings.records_used} of their records, "
-                f"{sum(map(len, siblings.seeds.values()))} schedules to re-measure first")
+        siblings = load_sibling_seeds({n: s.directory for n, s in ctx.sibling_stores.items()}, tuned_tasks)
+        seeded = sum(1 for traces in siblings.seeds.values() if traces)
+        ctx.say(f"transfer from {', '.join(ctx.sibling_stores)}: {sum(map(len, siblings.seeds.values()))} of "
+                f"their schedules to re-measure first, the best of each of {seeded} tasks in one batch")
     plan = TuningPlan(
         trials_per_task=1_000_000 if trials is None else trials, time_budget_s=_tuning_budget_s(ctx),
         search=recipe.tuning.search, seed=recipe.tuning.seed, cores=profile.hardware.cores or 1,
         hardware=profile.hardware, device=profile.device, isa=profile.isa, siblings=siblings,
-        transfer=recipe.tuning.transfer, keep_for_later=_budget_reserve(ctx), runs_on=ctx.device,
+        transfer=recipe.tuning.transfer, keep_for_later=_budget_reserve(ctx), runs_on=ctx.device, started=started,
     )
     if trials == 0:
         ctx.say(f"{len(tasks)} tasks; no tuning (trials_per_task: 0)")

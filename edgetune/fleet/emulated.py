@@ -185,12 +185,23 @@ def _files(state: Path, key: str) -> tuple[Path, Path, Path]:
     return boards / f"{key}.pid", boards / f"{key}.log", boards / f"{key}.json"
 
 
-def start_board(board: Board, state: Path) -> tuple[int, bool]:
-    """Start the board's RPC server under qemu and wait until the tracker lists it; (pid, started)."""
+@dataclass(frozen=True)
+class _Launched:
+    """A board's server started under qemu, not registered with the tracker yet."""
+
+    board: Board
+    process: subprocess.Popen
+    servers_before: int  # servers under its key when it started
+    started_at: float  # time.monotonic()
+
+
+def launch_board(board: Board, state: Path) -> _Launched | int:
+    """Start the board's RPC server under qemu (`wait_registered` waits for it); the pid of the one already
+    running instead."""
     pid_file, log_file, description = _files(state, board.key)
     pid = processes.running_pid(pid_file, _MARKER)
     if pid is not None:
-        return pid, False
+        return pid
     qemu = shutil.which("qemu-aarch64")
     if qemu is None:
         raise BuildError("qemu-aarch64 is not installed (apt-get install qemu-user)")
@@ -205,10 +216,18 @@ def start_board(board: Board, state: Path) -> tuple[int, bool]:
     description.write_text(json.dumps({k: v for k, v in board.__dict__.items() if k != "pid"}, indent=1) + "\n")
     process = processes.start_detached(argv, pid_file, log_file, env=env)
     before = tracker.query(board.tracker).key(board.key).total
-    deadline = time.monotonic() + _START_TIMEOUT_S
+    return _Launched(board, process, before, time.monotonic())
+
+
+def wait_registered(launched: _Launched, state: Path) -> int:
+    """The launched board's pid once the tracker lists it; stopped, and an error naming its log, if it does not
+    register in time."""
+    board, process = launched.board, launched.process
+    deadline = launched.started_at + _START_TIMEOUT_S
     while time.monotonic() < deadline and process.poll() is None:
-        if tracker.wait_for_servers(board.tracker, board.key, before + 1, timeout_s=2.0):
-            return process.pid, True
+        if tracker.wait_for_servers(board.tracker, board.key, launched.servers_before + 1, timeout_s=2.0):
+            return process.pid
+    pid_file, log_file, _ = _files(state, board.key)
     processes.stop(pid_file, _MARKER)
     raise BuildError(f"the emulated board '{board.key}' did not register with the tracker at {board.tracker} "
                      f"within {_START_TIMEOUT_S:.0f} s; its log ({log_file}) ends with:\n"
@@ -264,19 +283,31 @@ def up(profiles: list[str], tracker_port: int, state: Path, report: Callable[[st
     except BuildError:
         pid, _ = tracker.start(spec, state)
         report("tracker", f"started on {spec.address} (pid {pid})")
-    problems = []
-    for board in chosen:
+    problems, launched = [], []
+    for board in chosen:  # all boot side by side: each is a qemu process starting Python and TVM (15-20 s)
         board = Board(**{**board.__dict__, "rootfs": str(root)})
-        started_at = time.monotonic()
         try:
-            pid, started = start_board(board, state)
+            started = launch_board(board, state)
         except BuildError as exc:
             problems.append(str(exc))
             continue
-        what = f"registered in {time.monotonic() - started_at:.0f} s" if started else "already running"
-        report(board.key, f"emulated {board.arch} board (qemu -cpu {board.qemu_cpu}, {board.cores} threads), "
-                          f"key '{board.key}' at {board.tracker}, pid {pid}: {what}")
+        if isinstance(started, int):
+            _report_board(report, board, started, "already running")
+        else:
+            launched.append(started)
+    for started in launched:
+        try:
+            pid = wait_registered(started, state)
+        except BuildError as exc:
+            problems.append(str(exc))
+            continue
+        _report_board(report, started.board, pid, f"registered in {time.monotonic() - started.started_at:.0f} s")
     return problems
+
+
+def _report_board(report: Callable[[str, str], None], board: Board, pid: int, what: str) -> None:
+    report(board.key, f"emulated {board.arch} board (qemu -cpu {board.qemu_cpu}, {board.cores} threads), "
+                      f"key '{board.key}' at {board.tracker}, pid {pid}: {what}")
 
 
 def down(state: Path, report: Callable[[str, str], None]) -> list[str]:

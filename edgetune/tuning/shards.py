@@ -26,9 +26,8 @@ from edgetune.tuning.database.exchange import merge_store
 from edgetune.tuning.database.store import RecordStore, commit_record
 from edgetune.tuning.task_scheduler import TaskOutcome
 from edgetune.tuning.tasks import TuningTask
-from edgetune.tuning.transfer.siblings import TransferStats, load_sibling_records
-from edgetune.tuning.tune import (TaskProgress, TuningPlan, TuningResult, best_us, count_committed, task_key,
-                                  tune)
+from edgetune.tuning.transfer.siblings import TransferStats, load_sibling_seeds
+from edgetune.tuning.tune import TaskProgress, TuningPlan, TuningResult, best_us, count_committed, task_key, tune
 
 SHARDS_DIR = "shards"
 _COST_MODEL = "cost_model.npz"
@@ -76,8 +75,7 @@ def run_shard(job: ShardJob) -> ShardOutcome:
     store = RecordStore(job.store_dir)
     plan = job.plan
     if job.sibling_dirs:
-        siblings = load_sibling_records({n: RecordStore(d) for n, d in job.sibling_dirs.items()}, job.tasks,
-                                        job.target, plan.cores)
+        siblings = load_sibling_seeds(job.sibling_dirs, job.tasks)
         plan = replace(plan, siblings=siblings)
 
     def show(progress: TaskProgress) -> None:

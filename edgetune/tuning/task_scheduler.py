@@ -4,7 +4,8 @@ Each task gets `trials_per_task` measurements in total across builds. Without a 
 task is tuned to that in one pass. Under a budget, after a short first pass over every task (shorter
 still for the lighter tasks where it would not fit in 40% of the budget: every task gets a measured
 schedule; a task with sibling devices' schedules measures just those in it, so the whole model reaches
-the siblings' quality first; those a cut first round left out open the task's next round), each round
+the siblings' quality first; those a cut first round left out open the task's next round; tasks without a
+schedule go first, so after the first batch (`first_batch`) the few it gave none are next), each round
 goes to the task expected to save the model the most latency per second of tuning (Ansor's task
 scheduler, its gradient rule), so the budget is spent where the model spends its time; a task that stopped
 improving waits until no improving task is left. A round of one task is measured by the caller
@@ -62,7 +63,8 @@ class TaskOutcome:
     tuning_failed: str | None = None  # "<ExcType>: <message>" of the exception that ended its tuning
     timings: NoiseCounts = field(default_factory=NoiseCounts)  # its timings other work disturbed (TimingNoise)
     builds_cut: int = 0  # candidates whose build ran far longer than their batch's, killed (builder.cut_stragglers)
-    sibling_seeds: int = 0  # siblings' best schedules waiting to be measured first: under a budget, its first round
+    sibling_seeds: int = 0  # siblings' schedules measured first (the first in one batch for all tasks, the rest
+    # in the task's first round: under a budget, all of that round)
 
     @property
     def gflops(self) -> float | None:
@@ -106,22 +108,25 @@ class TaskScheduler:
         has used half the budget, so that what is left of it is cut to fit; tasks go heaviest first, so
         what such a cut skips is the model's lightest kernels)."""
         budget_s, kept_s, asked = self.time_budget_s, 0.0, False
-        self._record_curve_point()  # a resumed build's tasks start from their stores' bests
+        if not self.curve:  # a resumed build's tasks start from their stores' bests (or the first batch's)
+            self._record_curve_point()
         first_pass = self.trials_per_task if budget_s is None else min(_FIRST_PASS_TRIALS, self.trials_per_task)
         pass_started, sent = time.monotonic(), 0
-        for position, outcome in enumerate(self.outcomes):
+        for turn, position in enumerate(self._first_pass_order()):
+            outcome = self.outcomes[position]
             trials = first_pass if budget_s is None else min(first_pass, outcome.sibling_seeds or first_pass)
             if budget_s is not None and sent:
                 trials = self._first_trials_that_fit(trials, time.monotonic() - pass_started, sent,
-                                                     len(self.outcomes) - position, budget_s)
-            if trials <= outcome.trials_before:
+                                                     len(self.outcomes) - turn, budget_s)
+            wanted = trials - outcome.trials_before - outcome.trials_measured  # the first batch measured some
+            if wanted <= 0:
                 continue
             if (budget_s is not None and keep_for_later is not None and not asked
                     and time.monotonic() - self.started > budget_s / 2):
                 kept_s, asked = keep_for_later(), True
                 budget_s -= kept_s
-            self._round(position, trials - outcome.trials_before, budget_s)
-            sent += trials - outcome.trials_before
+            self._round(position, wanted, budget_s)
+            sent += wanted
         if budget_s is None:
             return kept_s
         if keep_for_later is not None and not asked and next_round(self.outcomes, self.trials_per_task) is not None:
@@ -132,6 +137,11 @@ class TaskScheduler:
             self._round(position, min(self.round_trials, self.trials_per_task - outcome.trials_before
                                       - outcome.trials_measured), budget_s)
         return kept_s
+
+    def _first_pass_order(self) -> list[int]:
+        """Tasks without a schedule first (heaviest first), then the others: once the first batch gave most
+        tasks one, the model has a schedule for every kernel (its curve starts) after the few without."""
+        return sorted(range(len(self.outcomes)), key=lambda p: (self.outcomes[p].best_us is not None, p))
 
     @staticmethod
     def _first_trials_that_fit(first_pass: int, spent_s: float, sent: int, tasks_left: int, budget_s: float) -> int:
@@ -166,11 +176,19 @@ class TaskScheduler:
         self.after_round()
 
     def _record_curve_point(self) -> None:
-        """A point once every task has a best or has had its first round: a task whose candidates all failed
-        (a `take` fed random indices) has no time of its own, and its kernel joins the model's rest."""
-        if all(o.best_us is not None or o.tuning_s > 0 for o in self.outcomes):
-            kernels_ms = sum(o.weight * o.best_us for o in self.outcomes if o.best_us is not None) / 1e3
-            self.curve.append((time.monotonic() - self.started, kernels_ms))
+        point = curve_point(self.outcomes, self.started)
+        if point is not None:
+            self.curve.append(point)
+
+
+def curve_point(outcomes: list[TaskOutcome], started: float) -> tuple[float, float] | None:
+    """(seconds since `started`, the tasks' summed kernel milliseconds) once every task has a best or has had
+    its first round, else None: a task whose candidates all failed (a `take` fed random indices) has no time
+    of its own, and its kernel joins the model's rest."""
+    if not all(o.best_us is not None or o.tuning_s > 0 for o in outcomes):
+        return None
+    kernels_ms = sum(o.weight * o.best_us for o in outcomes if o.best_us is not None) / 1e3
+    return time.monotonic() - started, kernels_ms
 
 
 def trials_that_fit(trials: int, outcome: TaskOutcome, left_s: float) -> int:

@@ -37,13 +37,14 @@ from edgetune.tuning.builder import STRAGGLER_ERROR, CandidateBuilder
 from edgetune.tuning.cost_model.ranking import RankingCostModel
 from edgetune.tuning.cost_model.transfer import TransferCostModel, TransferMode
 from edgetune.tuning.database.store import RecordStore
+from edgetune.tuning.first_batch import DraftFn, FirstMeasured, measure_first_batch
 from edgetune.tuning.intrinsics import register_tensor_intrinsics
 from edgetune.tuning.local_runner import LocalCandidateRunner
-from edgetune.tuning.measurements import WatchesTimingNoise
+from edgetune.tuning.measurements import FAILED, WatchesTimingNoise
 from edgetune.tuning.remote import DeviceLost, RetryingRPCRunner, shared_object_export
-from edgetune.tuning.search_strategy.draft_verify import SearchCounts
+from edgetune.tuning.search_strategy.draft_verify import SearchCounts, analyzer_best
 from edgetune.tuning.search_strategy.seeded import SeededSearch
-from edgetune.tuning.task_scheduler import MAX_TRIALS_PER_ROUND, TaskOutcome, TaskScheduler
+from edgetune.tuning.task_scheduler import MAX_TRIALS_PER_ROUND, TaskOutcome, TaskScheduler, curve_point
 from edgetune.tuning.tasks import TuningTask
 from edgetune.tuning.transfer.siblings import SiblingRecords, TransferStats
 from edgetune.tuning.worker_pool import WorkerPool
@@ -79,6 +80,9 @@ class TuningPlan:
     runs_on: CandidateMeasurer | None = None
     """Where candidates are built and timed: the build's device (edgetune.devices). Left out, `remote`
     (a device over RPC) or else this machine."""
+    started: float | None = None
+    """time.monotonic() when the tuning began, if before `tune` (the siblings' records were read from then):
+    the budget and the tuning curve count from it. Left out: when `tune` starts."""
 
 
 @dataclass
@@ -250,24 +254,32 @@ def tune(
 
     `logs_dir`: where MetaSchedule writes its logs (default: beside the store).
     """
-    started = time.monotonic()
+    started = plan.started if plan.started is not None else time.monotonic()
     result = TuningResult()
     if _transfers(plan):
         result.transfer = TransferStats(plan.siblings.sources, plan.transfer, plan.siblings.records_used)
     counts = store.measured_counts()
     pending = [(t, counts[task_key(t)]) for t in tasks]
+    result.tasks = [TaskOutcome(t.name, t.weight, t.flops, done, 0, best_us(store, t),
+                                sibling_seeds=_seeds_waiting(plan, t, done)) for t, done in pending]
+    curve: list[tuple[float, float]] = []
     with _stop_requests() as stop, ExitStack() as workers:
         if any(plan.trials_per_task > done for _, done in pending):
             register_tensor_intrinsics(target)
             builder, runner = _measurers(plan, stop)
             workers.callback(builder.close)  # the workers end with the tuning, before the compile needs memory
             workers.callback(runner.close)
+            firsts = _first_batch(tasks, result, target, store, plan, builder, runner, progress, started, stop)
+            curve += [point for point in [curve_point(result.tasks, started)] if point is not None]
             cost_model = _cost_model(plan, store, result.transfer)
-        result.tasks = [TaskOutcome(t.name, t.weight, t.flops, done, 0, best_us(store, t),
-                                    sibling_seeds=_seeds_waiting(plan, t, done)) for t, done in pending]
+            for first in firsts:
+                cost_model.update(first.context, [first.candidate], [first.result])
 
         def measure_round(position: int, trials: int, enough: int) -> None:
             task, outcome = tasks[position], result.tasks[position]
+            if isinstance(cost_model, TransferCostModel) and not plan.siblings.prior_loaded and (
+                    outcome.sibling_seeds or curve):
+                _load_prior(plan, tasks, target, cost_model, result.transfer)
             try:
                 _tune_one(task, position + 1, len(tasks), trials, enough, target, store, plan, builder, runner,
                           cost_model, outcome, progress, started, stop, logs_dir or store.directory / "logs",
@@ -278,24 +290,113 @@ def tune(
 
         def after_round() -> None:
             if stop.is_set():
-                measured = sum(t.trials_measured for t in result.tasks)
-                kept = f"the {measured} measurements of this run are kept in {store.directory}"
-                if isinstance(runner, RetryingRPCRunner) and runner.lost:
-                    raise DeviceLost(f"{runner.lost}: tuning stopped; {kept}; run the same command again "
-                                     "to resume once a server is back")
-                raise TuningInterrupted(f"interrupted: {kept}; run the same command again to resume")
+                raise _stopped(runner, result, store)
 
         scheduler = TaskScheduler(result.tasks, plan.trials_per_task, plan.time_budget_s, started, measure_round,
                                   lambda position: best_us(store, tasks[position]), after_round,
                                   round_trials=search_strategy.round_trials_under_budget(plan.search,
-                                                                                         MAX_TRIALS_PER_ROUND))
+                                                                                         MAX_TRIALS_PER_ROUND),
+                                  curve=curve)
         result.kept_s = scheduler.run(plan.keep_for_later)
+        if stop.is_set():  # a Ctrl-C after the last round still stops the command, not only the tuning
+            raise _stopped(runner, result, store)
         result.curve = scheduler.curve
         for index, ((task, done), outcome) in enumerate(zip(pending, result.tasks), start=1):
             _finish_task(task, index, len(tasks), done, outcome, plan, progress, started)
         count_committed(tasks, result.tasks, counts, store)
     result.wall_s = time.monotonic() - started
     return result
+
+
+def _first_batch(tasks: list[TuningTask], result: TuningResult, target: tvm.target.Target, store: RecordStore,
+                 plan: TuningPlan, builder, runner, progress: ProgressFn | None, started: float,
+                 stop: threading.Event) -> list[FirstMeasured]:
+    """Every task's first schedules measured in one batch before any search (`first_batch`): with siblings,
+    each task's best sibling schedule; with draft-verify, the analyzer's best drafts of each task without one.
+    Each is logged and made durable once measured; a batch that fails leaves the rest to each task's first
+    round, a stop request stops the tuning after it."""
+    if result.transfer is None and plan.search != "draft-verify":
+        return []
+    firsts: list[FirstMeasured] = []
+
+    def on_measured(first: FirstMeasured) -> None:
+        firsts.append(first)
+        outcome = result.tasks[first.position]
+        _batch_measured(store, plan, progress, started, first.position + 1, len(tasks), tasks[first.position].name,
+                        outcome, 1, first.seconds if first.seconds < FAILED else None, outcome.best_us)
+
+    seeds = plan.siblings.seeds if result.transfer is not None else {}
+    try:
+        measure_first_batch(tasks, result.tasks, target, store, builder, runner, seeds, result.transfer,
+                            plan.cores, on_measured, _first_drafts(tasks, result, target, plan))
+    except Exception as exc:  # noqa: BLE001 (any failure: the rest go back to the rounds; a lost device sets `stop`)
+        if not stop.is_set():
+            logger.warning("the first schedules of every task could not all be measured in one batch (%s: %s); "
+                           "each task measures the rest in its first round", type(exc).__name__, exc)
+    if stop.is_set():
+        raise _stopped(runner, result, store)
+    return firsts
+
+
+FIRST_DRAFTS = 2
+"""The analyzer's drafts of a task without a sibling's seed, measured in the first batch."""
+
+
+def _first_drafts(tasks: list[TuningTask], result: TuningResult, target: tvm.target.Target,
+                  plan: TuningPlan) -> DraftFn | None:
+    """With draft-verify, a task without a sibling's seed gets the analyzer's best FIRST_DRAFTS in the first
+    batch (the rest of its first round follows); the stock search has no analyzer to draft with."""
+    if plan.search != "draft-verify":
+        return None
+
+    def drafts(position: int) -> tuple[ms.TuneContext, list] | None:
+        task, outcome = tasks[position], result.tasks[position]
+        count = min(FIRST_DRAFTS, plan.trials_per_task - outcome.trials_before)
+        if count <= 0:
+            return None
+        strategy = _search_strategy(plan, outcome.search, None, None, count)
+        context = _tuning_context(task, position + 1, target, plan, strategy)
+        try:
+            return context, analyzer_best(context, strategy, count)
+        except Exception as exc:  # noqa: BLE001 (the task's first round drafts again, or falls back, as always)
+            logger.warning("no first draft of %s for the first batch (%s: %s)", task.name, type(exc).__name__, exc)
+            return None
+
+    return drafts
+
+
+def _batch_measured(store: RecordStore, plan: TuningPlan, progress: ProgressFn | None, started: float, index: int,
+                    total: int, task: str, outcome: TaskOutcome, measured: int, fastest_s: float | None,
+                    best_us: float | None) -> None:
+    """A measured batch of a task (its `outcome` counts it already): its line in the store's tuning log, which
+    makes the batch's records durable, and the progress shown."""
+    trials = outcome.trials_before + outcome.trials_measured
+    store.log_batch({"task": task, "measured": measured, "trials": trials,
+                     "batch_best_us": fastest_s * 1e6 if fastest_s is not None else None, "best_us": best_us,
+                     "elapsed_s": round(time.monotonic() - started, 3)})
+    if progress:
+        progress(TaskProgress(index, total, task, trials, plan.trials_per_task, best_us,
+                              time.monotonic() - started, plan.time_budget_s))
+
+
+def _load_prior(plan: TuningPlan, tasks: list[TuningTask], target: tvm.target.Target, cost_model: TransferCostModel,
+                stats: TransferStats) -> None:
+    """The siblings' prior (9 s of replaying and featurizing their records for a ResNet-18), loaded once every
+    task has a schedule: before the first round of a task with sibling schedules, or once the tasks without any
+    (another algorithm was chosen for the sibling: its Winograd and direct convolutions differ) had theirs.
+    Those rounds search as from scratch, with this device's own model; the rounds after use the prior."""
+    plan.siblings.load_prior(tasks, target, plan.cores)
+    cost_model.adopt_prior(plan.siblings)
+    stats.sibling_records = plan.siblings.records_used
+
+
+def _stopped(runner, result: TuningResult, store: RecordStore) -> EdgetuneError:
+    """Why tuning stops at a stop request: the device lost (RPC), or an interrupt; the records are kept."""
+    kept = f"the {result.trials_measured} measurements of this run are kept in {store.directory}"
+    if isinstance(runner, RetryingRPCRunner) and runner.lost:
+        return DeviceLost(f"{runner.lost}: tuning stopped; {kept}; run the same command again to resume once "
+                          "a server is back")
+    return TuningInterrupted(f"interrupted: {kept}; run the same command again to resume")
 
 
 def _seeds_waiting(plan: TuningPlan, task: TuningTask, done: int) -> int:
@@ -355,29 +456,12 @@ def _tune_one(task, index, total, trials, enough, target, store, plan, builder, 
         outcome.builds_cut += builds_cut
         if fastest is not None and (best is None or fastest < best):
             best = fastest
-        store.log_batch({
-            "task": task.name,
-            "measured": measured,
-            "trials": outcome.trials_before + outcome.trials_measured,
-            "batch_best_us": fastest * 1e6 if fastest is not None else None,
-            "best_us": best * 1e6 if best is not None else None,
-            "elapsed_s": round(time.monotonic() - tuning_started, 3),
-        })
-        if progress:
-            progress(TaskProgress(index, total, task.name, outcome.trials_before + outcome.trials_measured,
-                                  plan.trials_per_task, best * 1e6 if best else None,
-                                  time.monotonic() - tuning_started, plan.time_budget_s))
+        _batch_measured(store, plan, progress, tuning_started, index, total, task.name, outcome, measured,
+                        fastest, best * 1e6 if best is not None else None)
 
     per_round = min(trials, MAX_TRIALS_PER_ROUND)
-    context = ms.TuneContext(
-        mod=task.mod,
-        target=target,
-        space_generator="post-order-apply",
-        search_strategy=_search_strategy(plan, outcome.search, cost_model, transfer, per_round),
-        task_name=task.name,
-        rand_state=plan.seed + index,
-        num_threads=plan.cores,
-    )
+    context = _tuning_context(task, index, target, plan,
+                              _search_strategy(plan, outcome.search, cost_model, transfer, per_round))
     callbacks = list(MeasureCallback.create("default")) + [_ReportProgress(on_batch, stop)]
     _watch_noise(runner, outcome, best)
     ms.tune_tasks(
@@ -394,6 +478,14 @@ def _tune_one(task, index, total, trials, enough, target, store, plan, builder, 
         measure_callbacks=callbacks,
         task_scheduler="round-robin",
     )
+
+
+def _tuning_context(task: TuningTask, index: int, target: tvm.target.Target, plan: TuningPlan,
+                    strategy) -> ms.TuneContext:
+    """The task's (1-based `index`) MetaSchedule context for a round, or for its first drafts: TVM's default
+    design spaces, the plan's seed and cores."""
+    return ms.TuneContext(mod=task.mod, target=target, space_generator="post-order-apply", search_strategy=strategy,
+                          task_name=task.name, rand_state=plan.seed + index, num_threads=plan.cores)
 
 
 def _watch_noise(runner: ms.runner.Runner, outcome: TaskOutcome, best_s: float | None) -> None:

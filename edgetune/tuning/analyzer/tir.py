@@ -10,6 +10,7 @@ understand. It is slower (a TIR walk per candidate) and its index coefficients f
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -235,6 +236,21 @@ def leaf_blocks(func: tirx.PrimFunc) -> list[tuple[s_tir.SBlockRealize, list[tir
 
     walk(func.body, [])
     return found
+
+
+def parallel_extent(mod: tvm.IRModule) -> int:
+    """Iterations of the parallel loops around the largest block of the module's function (a schedule's
+    module; 1: it runs on one core)."""
+    largest, extent = -1, 1
+    for _, loops in leaf_blocks(next(iter(mod.functions.values()))):
+        try:
+            size = math.prod(int(loop.extent) for loop in loops)
+            parallel = math.prod(int(loop.extent) for loop in loops if loop.kind == tirx.ForKind.PARALLEL)
+        except TypeError:  # a loop of symbolic extent: not one this reading ranks by
+            continue
+        if size > largest:
+            largest, extent = size, parallel
+    return extent
 
 
 def iter_kind(loop_var: tirx.Var, realize: s_tir.SBlockRealize) -> bool:

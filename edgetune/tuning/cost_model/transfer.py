@@ -55,13 +55,19 @@ class TransferCostModel(PyCostModel):
         self.local = local
         self.mode = mode
         self.stats = stats
+        self.adopt_prior(siblings)  # none yet where the siblings' records are read later (tune._load_prior)
+        self.checks: dict[str, tuple[list[float], list[float]]] = {}  # task -> prior scores, measured seconds
+        self.distrusted: set[str] = set()
+
+    def adopt_prior(self, siblings: SiblingRecords) -> None:
+        """The siblings' prior, once their records are loaded (`SiblingRecords.load_prior`): until then the
+        device's own model predicts, as from scratch. The adaptation starts from this moment: the first
+        residual is fit on all of the device's measurements so far."""
         self.sibling_groups = siblings.groups
-        self.prior = train_ranker(siblings.groups, local.num_threads, local.rounds)
+        self.prior = train_ranker(siblings.groups, self.local.num_threads, self.local.rounds)
         self.momentum: list[tuple[object, float]] = []  # residual rankers folded into the momentum copy
         self.online = None  # g: the residual fit over the momentum copy at the last update (momentum mode)
         self.pooled = None  # the ranker on sibling + device data (warm mode)
-        self.checks: dict[str, tuple[list[float], list[float]]] = {}  # task -> prior scores, measured seconds
-        self.distrusted: set[str] = set()
 
     def trusted(self, key: str) -> bool:
         """Whether the sibling prior ranks this task's candidates (draft-verify weighs it fully)."""

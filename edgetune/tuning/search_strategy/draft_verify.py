@@ -542,6 +542,19 @@ class DraftVerifySearch(PySearchStrategy):
         return replay(self.mod, trace, self.postprocs, seed if seed is not None else int(self.rng.integers(1, 1 << 30)))
 
 
+def analyzer_best(context: ms.TuneContext, strategy: DraftVerifySearch, count: int) -> list[MeasureCandidate]:
+    """The analyzer's `count` best drafts of a task nothing was measured of (`strategy`: the context's): what its
+    first round would measure first, drafted without a database or a learned model, so that they are built with
+    other tasks' candidates in one batch. None where the analyzer failed on the task (an empty list: its
+    fallback, TVM's evolutionary search, needs the round's database)."""
+    strategy.pre_tuning(count, count, context.space_generator.generate_design_space(context.mod), None, None)
+    try:
+        candidates = strategy.generate_measure_candidates()
+        return [] if strategy.stock is not None or candidates is None else list(candidates)
+    finally:
+        strategy.post_tuning()
+
+
 def _fallback_samples(batch: int, fallback_spaces: int) -> int:
     """New candidates per fallback space for a batch (FALLBACK_PER_TRIAL): at least a few per space."""
     return int(np.clip(math.ceil(FALLBACK_PER_TRIAL * batch / max(1, fallback_spaces)), 8, FALLBACK_SAMPLES))
