@@ -57,8 +57,8 @@ def shape_key(shape: tuple[int, ...], channels_last: bool) -> str:
 def artifact_layers(vm, args: list, runs: int) -> dict[str, Layer]:
     """Each kernel call's wall time, grouped by the shape of its output (the last argument)."""
     layers: dict[str, Layer] = defaultdict(Layer)
-    for symbol, out, seconds in kernel_calls(vm, args, runs):
-        key = shape_key(tuple(int(d) for d in out.shape), True) if hasattr(out, "shape") else "(no tensor)"
+    for symbol, shape, seconds in kernel_calls(vm, args, runs):
+        key = shape_key(shape, True) if shape is not None else "(no tensor)"
         layer = layers[key]
         layer.ms += seconds * 1e3 / runs
         layer.calls += 1
