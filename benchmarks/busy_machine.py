@@ -8,14 +8,18 @@ CPU-bound processes (busy loops at normal priority) running beside the build. Th
 idle again, both artifacts and ONNX Runtime are timed interleaved in one process, and the table gives
 each latency and the ratio busy / idle (1.0: the busy machine cost nothing; the goal is within 1.1).
 
-`--without-remeasure` adds a third build per seed, on the busy machine with disturbed timings kept as
-first measured (edgetune.tuning.measurements.REMEASURES = 0 in this process, where the builds run): the
-re-measurement's own effect, side by side.
+`--without-remeasure` adds a build per seed, on the busy machine with disturbed timings kept as first
+measured (edgetune.tuning.measurements.REMEASURES = 0 in this process, where the builds run): the
+re-measurement's own effect, side by side. `--without-fewer-threads` adds one with every candidate timed on
+all the target's threads however busy the machine (no share of a core counts as taken: machine_load.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -33,30 +37,36 @@ HOG = "while True:\n    pass\n"
 
 @contextmanager
 def cpu_hogs(count: int, nice: int | None = None):
-    """`count` busy-loop processes for the duration of the block (at `nice`, when given)."""
-    prefix = [] if nice is None else ["nice", "-n", str(nice)]
-    hogs = [subprocess.Popen([*prefix, sys.executable, "-c", HOG]) for _ in range(count)]
+    """`count` busy-loop processes for the duration of the block (at `nice`, when given), started as another
+    user's programs are: not descendants of this process, where the builds run (edgetune counts its own
+    descendants as its workers; the shell that starts each loop exits, and init adopts it)."""
+    prefix = "" if nice is None else f"nice -n {int(nice)} "
+    loop = f"{prefix}{shlex.quote(sys.executable)} -c {shlex.quote(HOG)} >/dev/null 2>&1 & echo $!"
+    pids = [int(subprocess.run(["sh", "-c", loop], capture_output=True, text=True, check=True).stdout)
+            for _ in range(count)]
     try:
         yield
     finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
 
 
-def build(model: str, budget_min: float, search: str, seed: int, hogs: int, output: Path, remeasure: bool) -> dict:
+def build(model: str, budget_min: float, search: str, seed: int, hogs: int, output: Path, remeasure: bool,
+          fewer_threads: bool) -> dict:
+    from edgetune import machine_load
     from edgetune.tuning import measurements
 
     text = recipe_text(f"busy-{hogs}-{seed}", model, 2, 100_000, budget_min, search, output, 4)
     text = text.replace("  seed: 0\n", f"  seed: {seed}\n")
-    remeasures = measurements.REMEASURES
+    remeasures, taken_core = measurements.REMEASURES, machine_load.TAKEN_CORE
     with cpu_hogs(hogs):
         started = time.monotonic()
         measurements.REMEASURES = remeasures if remeasure else 0
+        machine_load.TAKEN_CORE = taken_core if fewer_threads else float((os.cpu_count() or 1) + 1)  # none taken
         try:
             summary = build_artifact(text)
         finally:
-            measurements.REMEASURES = remeasures
+            measurements.REMEASURES, machine_load.TAKEN_CORE = remeasures, taken_core
     summary["wall_s"] = time.monotonic() - started
     return summary
 
@@ -83,6 +93,10 @@ def time_artifacts(model_source: dict, libraries: dict[str, Path], repeats: int)
     return {name: t["median_ms"] for name, t in time_side_by_side(runners, repeats, 1.0).items()}
 
 
+VARIANTS = {"busy-no-remeasure": (False, True), "busy-same-threads": (True, False)}
+"""Busy builds with one defence off: (disturbed timings measured again, timed on the cores left free)."""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=("resnet18", "mobilenet_v2"), default="resnet18")
@@ -92,44 +106,44 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--without-remeasure", action="store_true",
-                        help="a third build per seed: busy, disturbed timings not measured again")
+                        help="one more build per seed: busy, disturbed timings not measured again")
+    parser.add_argument("--without-fewer-threads", action="store_true",
+                        help="one more build per seed: busy, every candidate timed on all the target's threads")
     add_keep_option(parser)
     args = parser.parse_args()
-    builds = [("idle", 0, True), ("busy", args.hogs, True)]
-    builds += [("busy-no-remeasure", args.hogs, False)] if args.without_remeasure else []
+    builds = [("idle", 0, True, True), ("busy", args.hogs, True, True)]
+    builds += [("busy-no-remeasure", args.hogs, *VARIANTS["busy-no-remeasure"])] if args.without_remeasure else []
+    builds += [("busy-same-threads", args.hogs, *VARIANTS["busy-same-threads"])] if args.without_fewer_threads else []
     rows = []
     with build_directory(args.keep, "edgetune-busy-") as scratch:
         for seed in args.seeds:
             built = {}
-            for label, hogs, remeasure in builds:
+            for label, hogs, remeasure, fewer_threads in builds:
                 print(f"seed {seed}: building {args.model}: {label} ({hogs} hogs)", flush=True)
                 built[label] = build(args.model, args.budget_min, args.search, seed, hogs,
-                                     Path(scratch) / f"{label}-{seed}", remeasure)
+                                     Path(scratch) / f"{label}-{seed}", remeasure, fewer_threads)
             libraries = {k: Path(v["artifact_dir"]) / "model.so" for k, v in built.items()}
             times = time_artifacts({"zoo": args.model}, libraries, args.repeats)
             rows.append((seed, built, times))
-    print(f"\n{args.model}, {args.search}, {args.budget_min} min, {args.hogs} hog(s) beside the busy build")
-    print("seed  idle ms  busy ms  ORT ms  busy/idle  idle vs ORT  busy vs ORT  trials idle/busy  wall idle/busy"
-          "  timings disturbed/measured again/stayed so, idle; busy")
-    for seed, built, times in rows:
-        idle, busy, ort = times["idle"], times["busy"], times["onnxruntime"]
-        print(f"{seed:4d} {idle:8.2f} {busy:8.2f} {ort:7.2f} {busy / idle:9.3f}x {ort / idle:10.3f}x "
-              f"{ort / busy:10.3f}x {built['idle']['trials_measured']:8d}/{built['busy']['trials_measured']:<6d}"
-              f" {built['idle']['wall_s']:6.0f}/{built['busy']['wall_s']:.0f} s"
-              + "  " + "; ".join(f"{built[k]['timings_disturbed']}/{built[k]['timings_remeasured']}/"
-                                 f"{built[k]['timings_still_disturbed']}" for k in ("idle", "busy")))
-    ratios = [times["busy"] / times["idle"] for _, _, times in rows]
-    print(f"busy/idle median {np.median(ratios):.3f}x, range {min(ratios):.3f}-{max(ratios):.3f}x")
-    if args.without_remeasure:
-        for seed, built, times in rows:
-            plain = built["busy-no-remeasure"]
-            print(f"seed {seed}: busy without re-measuring {times['busy-no-remeasure']:.2f} ms "
-                  f"({times['busy-no-remeasure'] / times['idle']:.3f}x idle; {plain['trials_measured']} trials, "
-                  f"{plain['timings_disturbed']} timings disturbed)")
-        plain_ratios = [times["busy-no-remeasure"] / times["idle"] for _, _, times in rows]
-        print(f"busy without re-measuring / idle median {np.median(plain_ratios):.3f}x, "
-              f"range {min(plain_ratios):.3f}-{max(plain_ratios):.3f}x")
+    print_table(args, rows)
     return 0
+
+
+def print_table(args: argparse.Namespace, rows: list) -> None:
+    print(f"\n{args.model}, {args.search}, {args.budget_min} min, {args.hogs} hog(s) beside the busy builds")
+    print("seed  build               ms  /idle  vs ORT  trials  wall s  disturbed/measured again/stayed so  "
+          "on fewer threads")
+    for seed, built, times in rows:
+        for label, summary in built.items():
+            print(f"{seed:4d}  {label:17s} {times[label]:6.2f} {times[label] / times['idle']:6.3f}x "
+                  f"{times['onnxruntime'] / times[label]:6.3f}x {summary['trials_measured']:6d} "
+                  f"{summary['wall_s']:7.0f}  {summary['timings_disturbed']}/{summary['timings_remeasured']}/"
+                  f"{summary['timings_still_disturbed']:<26} {summary.get('timings_on_fewer_threads', 0)}")
+        print(f"{seed:4d}  onnxruntime       {times['onnxruntime']:6.2f}")
+    for label in rows[0][1]:
+        if label != "idle":
+            ratios = [times[label] / times["idle"] for _, _, times in rows]
+            print(f"{label} / idle: median {np.median(ratios):.3f}x, range {min(ratios):.3f}-{max(ratios):.3f}x")
 
 
 if __name__ == "__main__":

@@ -269,6 +269,9 @@ def _print_summary(result) -> None:
             out.print(f"{name}: {t.timings_disturbed} of {t.trials_measured} candidates' timings were disturbed by "
                       f"other work on the device; {t.timings_remeasured} near their task's best were measured again "
                       f"({t.timings_still_disturbed} stayed disturbed)", markup=False, soft_wrap=True)
+        if t.timings_on_fewer_threads:
+            out.print(f"{name}: {t.timings_on_fewer_threads} candidates were timed on fewer threads than the target's "
+                      "cores: other programs kept the rest busy", markup=False, soft_wrap=True)
         if t.transfer and t.transfer["used"]:
             transfer = t.transfer
             out.print(f"{name}: transfer from {', '.join(transfer['sources'])}: {transfer['seeds_measured']} sibling "

@@ -50,12 +50,14 @@ def off_the_pool_threads_cores() -> Iterator[None]:
     run on any core while it binds each pool thread to one. Started on a pool thread's core, it shared that
     core until Linux moved it, 0.1-0.2 s later: the first candidates a fresh tuning worker timed ran at twice
     their time (a convolution measured at 313 us ran at 620-720 us, every time it came first). Linux only;
-    elsewhere, and where no core is left free, nothing changes.
+    elsewhere, where no core is left free, and on a pool narrowed to one thread (its parked threads keep their
+    cores, but the calling thread runs every loop alone and is best left where Linux finds a free core), nothing
+    changes.
     """
-    tvm.get_global_func("runtime.NumThreads")()  # starts this thread's pool, which binds its threads
+    alone = tvm.get_global_func("runtime.NumThreads")() == 1  # starts this thread's pool, which binds its threads
     try:
         allowed = os.sched_getaffinity(0)
-        free = allowed - _cores_bound_to_other_threads()
+        free = allowed if alone else allowed - _cores_bound_to_other_threads()
     except (AttributeError, OSError):  # no affinity calls or no /proc: not Linux
         allowed = free = set()
     narrowed = bool(free) and free != allowed

@@ -70,7 +70,8 @@ def test_the_summary_counts_the_timings_other_work_disturbed_per_task_and_in_tot
     host = summary["targets"]["host"]
     assert (0 <= host["timings_still_disturbed"] <= host["timings_remeasured"] <= host["timings_disturbed"]
             <= host["trials_measured"])
-    for count in ("timings_disturbed", "timings_remeasured"):
+    assert 0 <= host["timings_on_fewer_threads"] <= host["trials_measured"]
+    for count in ("timings_disturbed", "timings_remeasured", "timings_on_fewer_threads"):
         assert host[count] == sum(task[count] for task in host["tasks"])
 
 

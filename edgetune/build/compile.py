@@ -70,16 +70,22 @@ def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, 
     they ran faster whole than the tuner's best, else the tuner's best), exported by the comparison.
 
     Fills the result's `selection` summary and each task's `in_model_rank` (0: the tuner's best; None: not
-    compared, or `kept_default`: its default schedule beat every tuned one in the model).
+    compared, or `kept_default`: its default schedule beat every tuned one in the model). The models are timed
+    on as many of the profile's threads as other programs leave cores free, as the tuner times candidates
+    (machine_load.py): on two threads beside a busy loop a kernel runs 3-11x slow and they rank at random.
     """
     import tvm
 
     from edgetune.compile import export_library
+    from edgetune.machine_load import sampled_free_threads
     from edgetune.runtime import use_cpu_threads
     from edgetune.selection import DEFAULT_RANK, select_schedules
 
+    threads = None
     if ctx.profile.cpu_threads:
-        use_cpu_threads(ctx.profile.cpu_threads)  # the threads the model is timed and shipped with
+        use_cpu_threads(ctx.profile.cpu_threads)  # the threads the model ships with: the pool can narrow from them
+        threads = sampled_free_threads(ctx.profile.cpu_threads)  # compared on the cores other programs leave
+        use_cpu_threads(threads)
 
     def keep_untuned(executable) -> Path:
         return export_library(executable, ctx.work_dir / "untuned.so", ctx.device.export_function())
@@ -87,10 +93,14 @@ def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, 
     def keep_tuned(executable, name: str) -> Path:  # exported as the final compile exports it
         return export_library(executable, ctx.work_dir / f"model-{name}.so", ctx.toolchain.fcompile())
 
-    selection = select_schedules(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
-                                 tvm.device(ctx.profile.device, 0), ctx.candidates, ctx.winograd, deadline=deadline,
-                                 keep_default=keep_untuned, on_skip=_warn(ctx),
-                                 keep_tuned=keep_tuned if ctx.profile.device != "cuda" else None)
+    try:
+        selection = select_schedules(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
+                                     tvm.device(ctx.profile.device, 0), ctx.candidates, ctx.winograd,
+                                     deadline=deadline, keep_default=keep_untuned, on_skip=_warn(ctx),
+                                     keep_tuned=keep_tuned if ctx.profile.device != "cuda" else None)
+    finally:
+        if threads is not None:
+            use_cpu_threads(ctx.profile.cpu_threads)
     for task in result.tasks:
         choice = selection.choices.get(task["name"])
         task["kept_default"] = choice is not None and choice.rank == DEFAULT_RANK
@@ -105,6 +115,8 @@ def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, 
         "tuner_best_in_model_us": selection.tuner_best_in_model_us,
         "stopped_by_budget": selection.stopped_by_deadline,
         "verified_ratio": selection.verified_ratio,
+        "timed_on_threads": threads,  # of the profile's cpu_threads: fewer while other programs held cores
+        "cpu_threads": ctx.profile.cpu_threads,
     }
     return selection
 

@@ -85,6 +85,7 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
         timings_disturbed=noise.disturbed,
         timings_remeasured=noise.remeasured,
         timings_still_disturbed=noise.still_disturbed,
+        timings_on_fewer_threads=noise.on_fewer_threads,
         builds_cut=builds_cut,
     )
 
@@ -131,6 +132,7 @@ def _task_summary(task, search: str) -> dict[str, Any]:
         "tuning_failed": task.tuning_failed,
         "timings_disturbed": task.timings.disturbed,
         "timings_remeasured": task.timings.remeasured,
+        "timings_on_fewer_threads": task.timings.on_fewer_threads,
         "builds_cut": task.builds_cut,
     }
 

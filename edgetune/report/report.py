@@ -199,6 +199,7 @@ def _manifest_facts(manifest: Manifest, result: TargetResult) -> dict[str, Any]:
             ("timings disturbed", f"{result.timings_disturbed}; near the best, measured again: "
                                   f"{result.timings_remeasured}, of which stayed disturbed: "
                                   f"{result.timings_still_disturbed}"),
+            ("timed on fewer threads", f"{result.timings_on_fewer_threads} (other programs held cores)"),
             ("trials per task", tuning.trials_per_task),
             ("time budget", f"{tuning.time_budget_min} min" if tuning.time_budget_min else "none"),
             ("seed", tuning.seed),
@@ -258,7 +259,15 @@ def _selection_line(selection: dict[str, Any] | None, kept_s: float, skipped: st
             f"than the tuner's best ran faster there for {len(changed)} kernels, and the default schedule beat "
             f"every tuned one for {len(kept_default)}; the kernels took "
             f"{selection['tuner_best_in_model_us']:.0f} us per inference with the tuner's best, "
-            f"{selection['in_model_us']:.0f} us with those chosen{_verified(selection.get('verified_ratio'))}")
+            f"{selection['in_model_us']:.0f} us with those chosen{_verified(selection.get('verified_ratio'))}"
+            f"{_fewer_threads(selection.get('timed_on_threads'), selection.get('cpu_threads'))}")
+
+
+def _fewer_threads(timed_on: int | None, threads: int | None) -> str:
+    """Where other programs held cores while the models were compared: on how many threads they were."""
+    if not timed_on or not threads or timed_on >= threads:
+        return ""
+    return f"; compared on {timed_on} of {threads} threads (other programs kept the rest busy)"
 
 
 def _verified(ratio: float | None) -> str:

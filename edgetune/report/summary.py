@@ -40,6 +40,9 @@ class TargetResult(BaseModel):
     """...those of them near their task's best, so measured again..."""
     timings_still_disturbed: int = 0
     """...and of those, the ones that no re-measurement gave undisturbed."""
+    timings_on_fewer_threads: int = 0
+    """Candidates timed on fewer threads than the target's cores, because other programs kept the rest busy
+    (machine_load.py); their times are scaled to the target's threads."""
     builds_cut: int = 0
     """Candidates whose build ran far longer than the rest of their batch, killed and recorded as failed."""
     tuning_stopped_by: list[str] = []

@@ -59,6 +59,7 @@ class NoiseCounts:
     disturbed: int = 0  # candidates whose first timing was disturbed
     remeasured: int = 0  # ...near enough the best to be measured again
     still_disturbed: int = 0  # ...and that no re-measurement gave undisturbed
+    on_fewer_threads: int = 0  # candidates timed on fewer threads than the target's: other programs held cores
 
     @classmethod
     def total(cls, counts: Iterable[NoiseCounts]) -> NoiseCounts:
@@ -67,6 +68,7 @@ class NoiseCounts:
             summed.disturbed += each.disturbed
             summed.remeasured += each.remeasured
             summed.still_disturbed += each.still_disturbed
+            summed.on_fewer_threads += each.on_fewer_threads
         return summed
 
 

@@ -232,7 +232,8 @@ def local_builder_runner(cores: int, device: str) -> tuple[ms.builder.Builder, m
     if device == "cpu":
         use_cpu_threads(cores)  # inherited by the runner's workers
     workers = WorkerPool(cores, timeout=None, stderr=subprocess.DEVNULL)
-    return CandidateBuilder(cores, pool=workers), LocalCandidateRunner(timing(device), pool=workers)
+    runner = LocalCandidateRunner(timing(device), pool=workers, cpu_threads=cores if device == "cpu" else None)
+    return CandidateBuilder(cores, pool=workers), runner
 
 
 def remote_builder_runner(remote: RemoteDevice, cores: int, device: str,

@@ -1,0 +1,101 @@
+"""A busy program beside the build takes cores from the timing; the build's own processes and nicer ones do not."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import tvm
+from tvm import te
+from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+from tvm.s_tir.meta_schedule.builder import BuilderInput
+from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+from edgetune.machine_load import OtherLoad, sampled_free_threads
+from edgetune.tuning.builder import CandidateBuilder
+from edgetune.tuning.local_runner import LocalCandidateRunner
+from edgetune.tuning.measurements import mean_seconds
+from edgetune.tuning.tune import timing
+
+BUSY_LOOP = f"{sys.executable} -c 'while True: pass'"
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2,
+                                reason="reads Linux's /proc; needs two cores")
+
+
+@contextmanager
+def other_program(prefix: str = "") -> Iterator[None]:
+    """A busy loop started as another user's program is: not a descendant of this process (the shell that
+    starts it exits, and it is left to init)."""
+    started = subprocess.run(["sh", "-c", f"{prefix} {BUSY_LOOP} >/dev/null 2>&1 & echo $!"],
+                             capture_output=True, text=True, check=True)
+    pid = int(started.stdout)
+    time.sleep(0.2)  # running, and its start's own CPU time behind us
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)  # reaped by init, whose children's time then grows once: not in a later test's readings
+
+
+def test_an_idle_machine_leaves_every_core_to_the_timing() -> None:
+    assert sampled_free_threads(2, seconds=0.5) == 2
+
+
+def test_a_busy_program_beside_the_build_takes_a_core() -> None:
+    with other_program():
+        load = OtherLoad()
+        time.sleep(0.5)
+        assert 0.7 < load.cores_taken() < 1.5
+        time.sleep(0.5)
+        cores = os.cpu_count() or 1
+        assert load.free_threads(cores) == cores - 1
+
+
+def test_the_builds_own_workers_and_lower_priority_programs_take_nothing() -> None:
+    worker = subprocess.Popen(["sh", "-c", f"exec {BUSY_LOOP}"])  # a child, as the tuning's workers are
+    try:
+        with other_program("nice -n 10"):
+            assert sampled_free_threads(2, seconds=0.5) == 2
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def _pool_threads(runner: LocalCandidateRunner) -> int:
+    """The worker's TVM threads, as edgetune.runtime.use_cpu_threads set them (it checks the pool took them)."""
+    return int(runner.pool.submit_with_timeout(None, os.getenv, "TVM_NUM_THREADS").result())
+
+
+def _candidate() -> tuple[str, list]:
+    a = te.placeholder((1 << 16,), name="a")
+    out = te.compute((1 << 16,), lambda i: a[i] * 2.0, name="out")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, out])})
+    (built,) = CandidateBuilder(max_workers=1).build([BuilderInput(mod, tvm.target.Target({"kind": "llvm"}))])
+    assert built.error_msg is None, built.error_msg
+    return built.artifact_path, ArgInfo.from_prim_func(mod["main"])
+
+
+def test_a_candidate_is_timed_on_the_cores_a_busy_program_left_and_counted() -> None:
+    artifact, args = _candidate()
+    runner = LocalCandidateRunner(timing("cpu"), cpu_threads=2)
+    try:
+        with other_program():
+            time.sleep(0.5)
+            (future,) = runner.run([RunnerInput(artifact, "cpu", args)])
+            assert mean_seconds(future.result().run_secs) < 1.0
+            assert runner.noise.counts.on_fewer_threads == 1
+            assert _pool_threads(runner) == 1
+        time.sleep(2.0)  # the reading since the last batch, of which the program ran its first half second
+        (future,) = runner.run([RunnerInput(artifact, "cpu", args)])  # the program ended: both threads again
+        assert future.result().error_msg is None
+        assert runner.noise.counts.on_fewer_threads == 1
+        assert _pool_threads(runner) == 2
+    finally:
+        runner.close()
