@@ -9,7 +9,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "edgetune"
 
 LAYERS = [
-    {"errors", "yamlsource", "ownership", "archive", "runtime", "isolated"},  # the bottom: no stage, no device
+    # the bottom: no stage, no device
+    {"errors", "yamlsource", "ownership", "archive", "runtime", "isolated", "machine_load"},
     {"profiles", "recipe", "toolchains"},  # the recipe, its devices' profiles and their compilers
     {"fleet"},  # connections to devices: RPC tracker, SSH, emulated boards, on-device sessions
     {"frontend", "reference"},  # stage: import
