@@ -52,8 +52,7 @@ class LocalCandidateRunner(PyRunner):
 
     def _measure(self, runner_input: RunnerInput, threads: int | None) -> RunnerFuture:
         arguments = tuple(info.as_json() for info in runner_input.args_info)
-
-        share = threads / self.cpu_threads if threads is not None else 1.0
+        share = threads / self.cpu_threads if threads is not None else 1.0  # scales a timing to the target's threads
 
         def timed() -> list[float]:
             seconds = self.pool.submit_with_timeout(self.timeout_sec, time_candidate, self.timing,
