@@ -25,8 +25,9 @@ T = TypeVar("T")
 _BIG_CORES = 1  # TVM's ThreadGroup affinity mode: threads on the fastest cores, one per core
 
 
-def use_cpu_threads(cores: int) -> None:
-    """Run TVM's CPU kernels on `cores` threads, in this process and in workers it starts later.
+def use_cpu_threads(cores: int, running: int | None = None) -> None:
+    """Run TVM's CPU kernels on `cores` threads, in this process and in workers it starts later; in this
+    process, on `running` of them for now (other programs hold the other cores), when given.
 
     Unless told otherwise, TVM's runtime starts hardware_concurrency / 2 threads on x86, as if every
     core ran two hyper-threads: one thread on a 2-vCPU machine, half of the cores a target is tuned
@@ -40,6 +41,8 @@ def use_cpu_threads(cores: int) -> None:
     if pool_size() != cores:
         raise RuntimeError(f"TVM's thread pool in this process started with {pool_size()} threads before it was "
                            f"asked for {cores}: set TVM_NUM_THREADS={cores} before running kernels")
+    if running is not None and running != cores:  # narrowed after it started on `cores`: it can widen again
+        tvm.get_global_func("runtime.config_threadpool")(_BIG_CORES, running)
 
 
 @contextmanager

@@ -69,8 +69,9 @@ def test_the_builds_own_workers_and_lower_priority_programs_take_nothing() -> No
 
 
 def _pool_threads(runner: LocalCandidateRunner) -> int:
-    """The worker's TVM threads, as edgetune.runtime.use_cpu_threads set them (it checks the pool took them)."""
-    return int(runner.pool.submit_with_timeout(None, os.getenv, "TVM_NUM_THREADS").result())
+    """The size of the worker's TVM thread pool, read in the worker (a builtin travels to it by name)."""
+    return runner.pool.submit_with_timeout(None, eval, "__import__('tvm').get_global_func('runtime.NumThreads')()"
+                                           ).result()
 
 
 def _candidate() -> tuple[str, list]:

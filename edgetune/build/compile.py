@@ -83,9 +83,8 @@ def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, 
 
     threads = None
     if ctx.profile.cpu_threads:
-        use_cpu_threads(ctx.profile.cpu_threads)  # the threads the model ships with: the pool can narrow from them
         threads = sampled_free_threads(ctx.profile.cpu_threads)  # compared on the cores other programs leave
-        use_cpu_threads(threads)
+        use_cpu_threads(ctx.profile.cpu_threads, running=threads)  # the threads the model ships with, narrowed
 
     def keep_untuned(executable) -> Path:
         return export_library(executable, ctx.work_dir / "untuned.so", ctx.device.export_function())

@@ -77,8 +77,6 @@ def time_candidate(timing: EvaluatorConfig, artifact_path: str, device_type: str
     (None: as the worker's pool started), with the worker's calling thread kept off its pool threads' cores (a
     fresh worker's first timings ran at twice the time otherwise)."""
     if cpu_threads is not None:
-        use_cpu_threads(cpu_threads)  # first: a pool started on fewer threads could never be widened again
-        if on_threads is not None and on_threads != cpu_threads:
-            use_cpu_threads(on_threads)
+        use_cpu_threads(cpu_threads, running=on_threads)
     with off_the_pool_threads_cores():
         return _worker_func(None, None, None, timing, 1, artifact_path, device_type, arguments)
