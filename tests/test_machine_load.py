@@ -100,3 +100,32 @@ def test_a_candidate_is_timed_on_the_cores_a_busy_program_left_and_counted() -> 
         assert _pool_threads(runner) == 2
     finally:
         runner.close()
+
+
+def test_the_cost_model_fits_on_the_cores_a_busy_program_leaves() -> None:
+    """Beside a busy program an XGBoost fit on both threads took twice its time on one: each boosting round
+    waits for the thread that shares its core with the program. The fit reads the load since the last one;
+    the booster's own configuration says on how many threads it was fit."""
+    import json
+
+    import numpy as np
+    from tvm.s_tir.meta_schedule.runner import RunnerResult
+
+    from edgetune.tuning.cost_model.ranking import RankingCostModel
+
+    rng = np.random.default_rng(0)
+    cores = os.cpu_count() or 1
+    model = RankingCostModel(num_threads=cores, rounds=5)
+
+    def fit_threads_after_a_batch() -> int:
+        rows = rng.random((8, 9)).astype(np.float32)
+        model.add("task", rows, [RunnerResult([float(1e-4 * (1 + r[0]))], None) for r in rows])
+        return int(json.loads(model.booster.save_config())["learner"]["generic_param"]["nthread"])
+
+    time.sleep(0.5)
+    assert fit_threads_after_a_batch() == cores
+    with other_program():
+        time.sleep(0.5)
+        assert fit_threads_after_a_batch() == cores - 1
+    time.sleep(0.5)
+    assert fit_threads_after_a_batch() == cores

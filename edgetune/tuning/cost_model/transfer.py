@@ -64,7 +64,7 @@ class TransferCostModel(PyCostModel):
         device's own model predicts, as from scratch. The adaptation starts from this moment: the first
         residual is fit on all of the device's measurements so far."""
         self.sibling_groups = siblings.groups
-        self.prior = train_ranker(siblings.groups, self.local.num_threads, self.local.rounds)
+        self.prior = train_ranker(siblings.groups, self.local.fit_threads(), self.local.rounds)
         self.momentum: list[tuple[object, float]] = []  # residual rankers folded into the momentum copy
         self.online = None  # g: the residual fit over the momentum copy at the last update (momentum mode)
         self.pooled = None  # the ranker on sibling + device data (warm mode)
@@ -91,12 +91,12 @@ class TransferCostModel(PyCostModel):
             return
         self._check(key, task_name, rows, self.local.groups[key][1][-len(rows):])
         if self.mode == "warm":
-            self.pooled = train_ranker({**self.sibling_groups, **self.local.groups}, self.local.num_threads,
+            self.pooled = train_ranker({**self.sibling_groups, **self.local.groups}, self.local.fit_threads(),
                                        self.local.rounds)
             return
         if self.online is not None:  # f_m <- b f_m + (1-b) f_online = f_m + (1-b) g
             self.momentum.append((self.online, 1.0 - MOMENTUM))
-        self.online = train_ranker(self.local.groups, self.local.num_threads, RESIDUAL_ROUNDS, RESIDUAL_PARAMS,
+        self.online = train_ranker(self.local.groups, self.local.fit_threads(), RESIDUAL_ROUNDS, RESIDUAL_PARAMS,
                                    base_margin=self._momentum_margin)
 
     def predict(self, context, candidates) -> np.ndarray:
