@@ -129,3 +129,33 @@ def test_the_cost_model_fits_on_the_cores_a_busy_program_leaves() -> None:
         assert fit_threads_after_a_batch() == cores - 1
     time.sleep(0.5)
     assert fit_threads_after_a_batch() == cores
+
+
+def test_a_transferred_models_fits_of_one_batch_take_one_reading() -> None:
+    """The residual fit right after the device's own fit must not read the load again: that second reading would
+    span only the first fit, too short to see a busy core. Here the busy program ends before the batch: the
+    batch's reading saw it, a reading over the device's fit alone would not."""
+    import json
+
+    import numpy as np
+    from tvm.s_tir.meta_schedule.runner import RunnerResult
+
+    from edgetune.tuning.cost_model.ranking import RankingCostModel
+    from edgetune.tuning.cost_model.transfer import TransferCostModel
+    from edgetune.tuning.transfer.siblings import SiblingRecords, TransferStats
+
+    def threads_of(booster) -> int:
+        return int(json.loads(booster.save_config())["learner"]["generic_param"]["nthread"])
+
+    rng = np.random.default_rng(0)
+    cores = os.cpu_count() or 1
+    sibling_rows = rng.random((16, 9)).astype(np.float32)
+    siblings = SiblingRecords(["sib"], {"sib/task": (list(sibling_rows), list(1e-4 * (1 + sibling_rows[:, 0])))})
+    model = TransferCostModel(RankingCostModel(num_threads=cores, rounds=5), siblings, "momentum",
+                              TransferStats(["sib"], "momentum", 16))
+    with other_program():
+        time.sleep(1.0)
+    rows = rng.random((8, 9)).astype(np.float32)
+    model.learn("task", "conv", rows, [RunnerResult([float(1e-4 * (1 + r[0]))], None) for r in rows])
+    assert threads_of(model.local.booster) == cores - 1
+    assert threads_of(model.online) == cores - 1

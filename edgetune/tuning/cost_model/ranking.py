@@ -119,6 +119,7 @@ class RankingCostModel(PyCostModel):
         self.groups: Groups = {}
         self.booster = None
         self.load_beside = OtherLoad()
+        self.threads_of_last_fit = num_threads  # what the last fit read: the batch's other fits use it too
         if path is not None and Path(path).exists():
             self.load(str(path))
 
@@ -171,7 +172,8 @@ class RankingCostModel(PyCostModel):
         return self.load_beside.free_threads(self.num_threads)
 
     def _train(self) -> None:
-        self.booster = train_ranker(self.groups, self.fit_threads(), self.rounds)
+        self.threads_of_last_fit = self.fit_threads()
+        self.booster = train_ranker(self.groups, self.threads_of_last_fit, self.rounds)
 
     def merge(self, other: RankingCostModel) -> None:
         """Add the other model's training data (rows this one lacks), refit and save: importing a

@@ -85,18 +85,19 @@ class TransferCostModel(PyCostModel):
 
     def learn(self, key: str, task_name: str, rows: np.ndarray, results: list) -> None:
         """This device's measurements of a task (feature rows and runner results): the device's own
-        model learns them, the guard checks the prior against them, and the transfer refits."""
+        model learns them, the guard checks the prior against them, and the transfer refits on the threads
+        the device's fit read (a second reading would span only that fit: too short to tell a busy core)."""
         self.local.add(key, rows, results)
+        threads = self.local.threads_of_last_fit
         if self.prior is None:
             return
         self._check(key, task_name, rows, self.local.groups[key][1][-len(rows):])
         if self.mode == "warm":
-            self.pooled = train_ranker({**self.sibling_groups, **self.local.groups}, self.local.fit_threads(),
-                                       self.local.rounds)
+            self.pooled = train_ranker({**self.sibling_groups, **self.local.groups}, threads, self.local.rounds)
             return
         if self.online is not None:  # f_m <- b f_m + (1-b) f_online = f_m + (1-b) g
             self.momentum.append((self.online, 1.0 - MOMENTUM))
-        self.online = train_ranker(self.local.groups, self.local.fit_threads(), RESIDUAL_ROUNDS, RESIDUAL_PARAMS,
+        self.online = train_ranker(self.local.groups, threads, RESIDUAL_ROUNDS, RESIDUAL_PARAMS,
                                    base_margin=self._momentum_margin)
 
     def predict(self, context, candidates) -> np.ndarray:
