@@ -136,10 +136,10 @@ def _time_model(vm: relax.VirtualMachine, inputs: list[np.ndarray], device: tvm.
     repeats = _REPEATS
     first_call_s = time.perf_counter() - started
     if first_call_s >= min_total_s:  # 5 calls of an untuned ResNet-50 took 30 s of a build's 6-minute budget
-        number, repeats = 1, max(1, min(_SLOW_REPEATS, round(_SLOW_TOTAL_CALLS * min_total_s / first_call_s)))
+        number, repeats = 1, _slow_repeats(first_call_s, min_total_s)
     else:
-        per_call_s = max(float(vm.time_evaluator("main", device, number=1, repeat=3)(*args).median), 1e-7)
-        number = max(1, math.ceil(timed_seconds(per_call_s, min_total_s) / _REPEATS / per_call_s))
+        per_call_s = max(float(vm.time_evaluator("main", device, number=1, repeat=_SIZING_CALLS)(*args).median), 1e-7)
+        number = _calls_per_repeat(per_call_s, min_total_s)
     timer = vm.time_evaluator("main", device, number=number, repeat=repeats)
     return float(timer(*args).median) * 1e3
 
@@ -150,7 +150,27 @@ def timed_seconds(per_call_s: float, min_total_s: float = 1.0) -> float:
     return min(min_total_s, max(_SHORTEST_S, _ENOUGH_CALLS * per_call_s))
 
 
+def time_model_seconds(per_call_s: float, min_total_s: float = 1.0) -> float:
+    """How long `time_model` takes, all its calls counted, for a model whose call takes `per_call_s`: what a
+    time budget keeps for one timing. TVM's time evaluator adds an untimed call before its repeats."""
+    if per_call_s >= min_total_s:
+        return per_call_s * (1 + 1 + _slow_repeats(per_call_s, min_total_s))
+    calls = 1 + (1 + _SIZING_CALLS) + (1 + _REPEATS * _calls_per_repeat(per_call_s, min_total_s))
+    return per_call_s * calls
+
+
+def _slow_repeats(call_s: float, min_total_s: float) -> int:
+    """Single calls timed of a model whose one call takes `min_total_s` or more."""
+    return max(1, min(_SLOW_REPEATS, round(_SLOW_TOTAL_CALLS * min_total_s / call_s)))
+
+
+def _calls_per_repeat(call_s: float, min_total_s: float) -> int:
+    return max(1, math.ceil(timed_seconds(call_s, min_total_s) / _REPEATS / call_s))
+
+
 _REPEATS = 5
+_SIZING_CALLS = 3
+"""Timed calls that size a repeat."""
 _SLOW_REPEATS = 3
 _SLOW_TOTAL_CALLS = 3
 _ENOUGH_CALLS = 1000

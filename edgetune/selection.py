@@ -107,7 +107,8 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
     tuner's best model stays loaded, and each other rank's model is timed against it in turns
     (`_PAIRED_ROUNDS`), so a slow spell of the machine slows both sides of a comparison, not one rank.
     `deadline` (a `time.monotonic()` instant, the end of a tuning budget): after the tuner's best, a rank is
-    compiled and timed only if the previous one's time still fits before it. `keep_default` exports the
+    compiled and timed only if twice the previous one's time still fits before it (this rank, and the model of
+    the kernels' choices, compiled and timed whole after the last rank). `keep_default` exports the
     default schedules' model, which is the untuned one, so the build need not compile it again. Where the
     kernels' choices differ from the tuner's best, the model they make is compiled and timed whole, in
     turns with the tuner's best, and kept only if it runs faster: choices made kernel by kernel in models
@@ -135,7 +136,7 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
     stopped, default_library = False, None
     for rank in [DEFAULT_RANK, *range(1, max(map(len, ranked.values())))]:
         started = time.monotonic()
-        if deadline is not None and started + rank_s > deadline:
+        if deadline is not None and started + 2 * rank_s > deadline:  # this rank, and the chosen model after it
             stopped = True
             break
         executable = compile_model(relax_mod, target, _pick(ranked, dict.fromkeys(ranked, rank)), winograd)
@@ -270,6 +271,10 @@ def _fastest(key: int, records: int, ratios: dict[int, dict[int, float]]) -> int
     return DEFAULT_RANK if default < ratios[best].get(key, FAILED) * (1 - DEFAULT_MARGIN) else best
 
 
+_PLAIN_CALLS = 5
+"""Calls of the model without the instrument, after its instrumented runs, that size the later stages' timings."""
+
+
 @dataclass(frozen=True)
 class RankCost:
     """What `select_schedules` spends per rank, measured: one compile of the model, and its timed runs."""
@@ -278,6 +283,8 @@ class RankCost:
     run_s: float
     calls: int
     """Calls of the model in `run_s`, the warm-up included."""
+    inference_s: float
+    """One call of the model without the kernels' instrument (median): what the later stages time."""
 
     @property
     def total_s(self) -> float:
@@ -298,8 +305,11 @@ def rank_cost(relax_mod: tvm.IRModule, target: tvm.target.Target, database: Data
     workload_of: dict[str, Workload] = {}
     executable = compile_model(relax_mod, target, database, winograd)
     compiled = time.monotonic()
-    _TimedModel(executable, device, [tvm.runtime.tensor(x, device) for x in inputs], workload_of).kernel_times(runs)
-    return RankCost(compile_s=compiled - started, run_s=time.monotonic() - compiled, calls=runs + 1)
+    model = _TimedModel(executable, device, [tvm.runtime.tensor(x, device) for x in inputs], workload_of)
+    model.kernel_times(runs)
+    run_s = time.monotonic() - compiled
+    return RankCost(compile_s=compiled - started, run_s=run_s, calls=runs + 1,
+                    inference_s=model.inference_seconds(_PLAIN_CALLS))
 
 
 def constant_bytes(relax_mod: tvm.IRModule) -> int:

@@ -60,3 +60,37 @@ def test_the_model_and_the_reference_take_turns_round_by_round() -> None:
     rounds = each_in_turns({"ours": time_ours, "reference": time_reference}, rounds=3)
     assert calls == ["ours", "reference", "reference", "ours", "ours", "reference"]
     assert rounds == {"ours": [10.0, 13.5, 10.2], "reference": [12.0, 12.1, 11.9]}
+
+
+def _matmul_vm(n: int):
+    """A real relax model: one n x n matmul, compiled for this CPU (no tuning: its default loop nest)."""
+    import numpy as np
+    from tvm import relax
+
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, n), "float32"))
+    with builder.function("main", [x]):
+        with builder.dataflow():
+            out = builder.emit_output(relax.op.matmul(x, x))
+        builder.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(builder.get())
+    vm = relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target("llvm")), tvm.cpu(0))
+    return vm, [np.random.default_rng(0).random((n, n), dtype=np.float32)]
+
+
+def test_a_time_budget_keeps_what_a_model_timing_takes() -> None:
+    """A budget keeps `time_model_seconds` for each timing of the last stages (build/tune.py): it must follow what
+    `time_model` does, for a fast model (repeats sized by three calls) and one whose single call takes the whole
+    timing's length (a warm-up and single calls: here with a 0.05-s timing, as an untuned model with 1 s)."""
+    import time
+
+    from edgetune.runtime import time_model, time_model_seconds
+
+    for n, min_total_s in ((64, 0.2), (512, 0.02)):
+        vm, inputs = _matmul_vm(n)
+        call_ms = time_model(vm, inputs, tvm.cpu(0), min_total_s=min_total_s)
+        started = time.perf_counter()
+        time_model(vm, inputs, tvm.cpu(0), min_total_s=min_total_s)
+        took_s = time.perf_counter() - started
+        expected_s = time_model_seconds(call_ms / 1e3, min_total_s)
+        assert 0.6 * expected_s < took_s < 1.6 * expected_s + 0.02, (n, call_ms, took_s, expected_s)

@@ -12,7 +12,7 @@ from edgetune.build.context import Event, TargetBuild
 from edgetune.frontend.onnx import fuse_for_tuning
 from edgetune.isolated import LOADED_APART_BYTES
 from edgetune.report.summary import TargetResult
-from edgetune.runtime import SPIN_DOWN_S, TIMING_ROUNDS, thread_wait_ways, timed_seconds
+from edgetune.runtime import SPIN_DOWN_S, TIMING_ROUNDS, thread_wait_ways, time_model_seconds
 from edgetune.tuning.builder import STRAGGLER_FACTOR
 from edgetune.tuning.measurements import NoiseCounts
 from edgetune.tuning.shards import tune_in_shards
@@ -171,47 +171,47 @@ def _transfer_summary(tuning: TuningResult, sibling_stores: dict, mode: str) -> 
 
 
 _TIMING_OVERHEAD_S = 0.5
-"""A timing's warm-up, calibration and the library's load, beside its runs (edgetune.runtime.timed_seconds)."""
-_TIMINGS = 2 * TIMING_ROUNDS + 2
-"""Those stages' timings: the tuned model and the reference in turns, the untuned model, verification's run."""
+"""A timing's library load and its process's round trip, beside the model's calls (runtime.time_model_seconds)."""
 _UNTUNED_SLOWDOWN = 200.0
-"""How much slower than the tuned model its untuned one may run: 186x for a ResNet-50 (6.9 s against 37 ms)."""
-_SLOW_UNTUNED_S = 15.0
-"""The most the untuned model's timing takes: one warm-up and one timed call once a call takes a second
-or more (ResNet-50: two calls of 6.9 s)."""
+"""How much slower than the tuned model its untuned one runs: 186x a ResNet-50 (4.7-6.9 s a call), 198-222x a
+ResNet-18, 228x a transformer encoder, 73-87x a GoogLeNet and a MobileNet-V2."""
 _PROCESS_S = 2.5
-"""A fresh process that imports TVM, for each load of a library larger than LOADED_APART_BYTES."""
-_LIBRARY_PER_WEIGHT_BYTE = 1.5
+"""A fresh process that imports TVM: the tuned model's timers (one per way its threads wait, started together),
+and each load of a library larger than LOADED_APART_BYTES (the untuned model's timing, verification's run)."""
+_LIBRARY_PER_WEIGHT_BYTE = 1.3
 """An exported library's size over its model's weights (code and pre-packed copies): ResNet-18 1.28
-(59.9 MB), ResNet-50 1.19, GoogLeNet 1.49 (38.7 MB)."""
+(59.9 MB: loaded in the build's process), ResNet-50 1.19; a small model's code weighs more (GoogLeNet 1.49,
+38.7 MB), far under LOADED_APART_BYTES."""
+_ARCHIVE_BYTES_PER_S = 30e6
+"""Verification's checksums and the artifact's gzip archive, per second, by the library's bytes (a ResNet-50's
+115 MB: about 4 s)."""
 
 
-def finish_seconds(cost: RankCost, compiles: int, loaded_apart: bool, thread_wait_ways: int = 2) -> float:
-    """What the stages after the in-model comparison take (compile what is still to compile, time the
-    tuned, untuned and reference models, package, verify), from one compile and run of the model measured
-    here. At 10 minutes, those stages took 10 s (MobileNet-V2, the encoder), 33 s (GoogLeNet, with the
-    untuned model's compile) and 40 s (ResNet-50, loaded apart, 6.9 s per untuned call); three compiles and
-    runs of the model had kept 39, 9, 84 and 75 s for them, and the GoogLeNet build ended 83 s early."""
-    timing_s = timed_seconds(cost.call_s) + _TIMING_OVERHEAD_S
-    per_timing = timing_s + (_PROCESS_S if loaded_apart else 0.0)
-    untuned_s = min(_SLOW_UNTUNED_S, 2 * _UNTUNED_SLOWDOWN * cost.call_s)
-    # the tuned model is timed in a fresh process per way its threads may wait (build/measure.py), started
-    # together: with `package.thread_wait: auto` two, so a round more; each timing is followed by SPIN_DOWN_S
-    thread_wait_s = (_PROCESS_S + (thread_wait_ways - 1) * TIMING_ROUNDS * timing_s
-                     + thread_wait_ways * TIMING_ROUNDS * SPIN_DOWN_S)
-    return compiles * cost.compile_s + _TIMINGS * per_timing + untuned_s + thread_wait_s
+def finish_seconds(cost: RankCost, compiles: int, library_bytes: float, thread_wait_ways: int = 2) -> float:
+    """What the stages after the in-model comparison take, step by step as they run (build/measure.py,
+    build/verify.py), from one compile and run of the model measured here: compile what is still to compile,
+    time the tuned model in its timers' processes and the reference in turns, time the untuned model, run and
+    archive the artifact. Charging a fresh process per timing and 15 s for any untuned model that runs a
+    second or more had kept 55 s for a ResNet-18 whose stages took 26 s, and its 5-minute builds ended 8-15%
+    early."""
+    timing_s = time_model_seconds(cost.inference_s) + _TIMING_OVERHEAD_S
+    apart_s = _PROCESS_S if library_bytes > LOADED_APART_BYTES else 0.0
+    rounds_s = _PROCESS_S + TIMING_ROUNDS * (thread_wait_ways * (timing_s + SPIN_DOWN_S) + timing_s)
+    untuned_s = apart_s + time_model_seconds(_UNTUNED_SLOWDOWN * cost.inference_s) + _TIMING_OVERHEAD_S
+    verify_s = apart_s + cost.inference_s + library_bytes / _ARCHIVE_BYTES_PER_S
+    return compiles * cost.compile_s + rounds_s + untuned_s + verify_s
 
 
 _COMPARE_SHARE = 0.15
 """At most this share of a budget goes to comparing schedules inside the model (one compile and run per rank,
-and one for the default schedules). Side by side on ResNet-18 at 5 minutes (benchmarks/variants.py, 3 seeds),
+one for the default schedules, and one for the model of the kernels' choices). Side by side on ResNet-18 at 5 minutes (benchmarks/variants.py, 3 seeds),
 the tuning time that 4 ranks took (about 80 s of 300) made the model 1.13x faster than the comparison did."""
 
 
 def ranks_that_fit(one_rank_s: float, budget_s: float) -> int:
-    """Candidate ranks whose in-model comparison, with the default schedules' compile, fits _COMPARE_SHARE of
-    the budget (below 2 nothing is compared: the tuner's best is the only candidate)."""
-    return max(1, int(_COMPARE_SHARE * budget_s / max(one_rank_s, 1e-3)) - 1)
+    """Candidate ranks whose in-model comparison, with the default schedules' model and the chosen one, fits
+    _COMPARE_SHARE of the budget (below 2 nothing is compared: the tuner's best is the only candidate)."""
+    return max(1, int(_COMPARE_SHARE * budget_s / max(one_rank_s, 1e-3)) - 2)
 
 
 def _tuning_budget_s(ctx: TargetBuild) -> float | None:
@@ -239,11 +239,10 @@ def _budget_reserve(ctx: TargetBuild):
                          tvm.device(ctx.profile.device, 0), ctx.winograd)
         one_rank = cost.total_s
         ctx.ranks_that_fit = ranks_that_fit(one_rank, ctx.budget_s)
-        compare = (ctx.candidates + 1) * one_rank if ctx.candidates > 1 else 0.0
+        compare = (ctx.candidates + 2) * one_rank if ctx.candidates > 1 else 0.0  # with the default and the chosen
         # the comparison compiles the untuned model and the one to ship; without it the later stages do
         finish = finish_seconds(cost, compiles=0 if ctx.candidates > 1 else 2,
-                                loaded_apart=constant_bytes(ctx.relax_mod) * _LIBRARY_PER_WEIGHT_BYTE
-                                > LOADED_APART_BYTES,
+                                library_bytes=constant_bytes(ctx.relax_mod) * _LIBRARY_PER_WEIGHT_BYTE,
                                 thread_wait_ways=len(thread_wait_ways(ctx.recipe.package.thread_wait)))
         kept = min(compare + finish, ctx.budget_s / 2)
         ctx.finish_reserve_s = finish * kept / (compare + finish)
