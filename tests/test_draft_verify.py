@@ -247,6 +247,35 @@ def test_a_build_from_scratch_gives_every_task_the_analyzers_best_drafts_in_one_
     assert stock.read_log()[0]["measured"] > 1
 
 
+@pytest.mark.slow
+def test_the_tuning_says_how_long_each_of_its_phases_took(tmp_path):
+    """A busy build once measured nothing for about 350 s after its first batch, and its summary said only that
+    the budget had stopped it. Each phase's seconds now go into the result (and the summary's
+    `tuning_phases_s`): the first batch, the cost model's first fits, the budget's reserve (here a call that
+    takes 0.3 s), and the rounds without it; together no more than the tuning's wall time."""
+    import time
+
+    from edgetune.tuning.tasks import TuningTask
+    from edgetune.tuning.tune import tune
+
+    profile = load_profile("host")
+    asked: list[float] = []
+
+    def reserve() -> float:
+        time.sleep(0.3)
+        asked.append(time.monotonic())
+        return 1.0
+
+    plan = TuningPlan(16, 600.0, "draft-verify", 0, 2, profile.hardware, profile.device, profile.isa,
+                      keep_for_later=reserve)
+    result = tune([TuningTask("matmul64", matmul(64), 1, 2.0 * 64 ** 3)], profile.tvm_target(),
+                  RecordStore(tmp_path / "store"), plan)
+    assert list(result.phases_s) == ["first_batch", "first_fits", "reserve", "rounds"]
+    assert len(asked) == 1 and 0.3 <= result.phases_s["reserve"] < 5.0
+    assert min(result.phases_s.values()) >= 0 and result.phases_s["first_batch"] > 0 and result.phases_s["rounds"] > 0
+    assert sum(result.phases_s.values()) <= result.wall_s
+
+
 # -- every kind of task, and the guards on degenerate figures ------------------------------------
 
 
@@ -313,7 +342,7 @@ def test_zero_and_failed_run_times_train_no_nan():
     """A kernel timed at 0 s must not make a label 0/0; a task whose every run failed trains nothing."""
     from edgetune.tuning.cost_model.ranking import ranking_data
 
-    rows, labels, sizes = ranking_data({"t": ([np.ones(3), np.zeros(3)], [0.0, 1e-3])})
+    _rows, labels, sizes = ranking_data({"t": ([np.ones(3), np.zeros(3)], [0.0, 1e-3])})
     assert np.isfinite(labels).all() and labels[0] == 1.0 and sizes == [2]
     assert ranking_data({"t": ([np.ones(3), np.zeros(3)], [float("inf"), float("inf")])}) is None
     mod = matmul(64)

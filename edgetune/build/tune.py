@@ -76,6 +76,7 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
         tuning_s=tuning.wall_s,
         tuning_stopped_by=stopped_by,
         kept_for_selection_s=tuning.kept_s,
+        tuning_phases_s={phase: round(seconds, 1) for phase, seconds in tuning.phases_s.items()},
         tuning_curve=tuning.curve,
         tasks=summary,
         tasks_total=len(tasks),

@@ -51,6 +51,9 @@ class TargetResult(BaseModel):
     empty when nothing was tuned."""
     kept_for_selection_s: float = 0.0  # of the tuning budget, left to comparing schedules inside the model and
     # to the stages after it (final compile, timing, package, verify)
+    tuning_phases_s: dict[str, float] = {}
+    """Seconds of the tuning by phase (tuning.tune.TuningResult.phases_s): "first_batch", "first_fits",
+    "reserve", "rounds"; a phase the build did not run is absent (none with tuning split into shards)."""
     tuning_curve: list[tuple[float, float]] = []
     """(seconds of tuning, model milliseconds) after each round once every tuned task had a schedule: the
     tuned kernels' summed time (weight x best) plus the rest of the model's time, which is the measured

@@ -106,6 +106,10 @@ class TuningResult:
     kept_s: float = 0.0  # of the budget, left to work after tuning (plan.keep_for_later)
     curve: list[tuple[float, float]] = field(default_factory=list)  # TaskScheduler.curve
     transfer: TransferStats | None = None
+    phases_s: dict[str, float] = field(default_factory=dict)
+    """Seconds by phase, in order: "first_batch" (every task's first schedules), "first_fits" (the cost model
+    learning them), "rounds" (the scheduler's rounds, less "reserve": one compile and run of the model sizing
+    the budget's reserve). A build that stalls says where."""
 
     @property
     def trials_measured(self) -> int:
@@ -271,11 +275,14 @@ def tune(
             builder, runner = _measurers(plan, stop)
             workers.callback(builder.close)  # the workers end with the tuning, before the compile needs memory
             workers.callback(runner.close)
+            phase = time.monotonic()
             firsts = _first_batch(tasks, result, target, store, plan, builder, runner, progress, started, stop)
             curve += [point for point in [curve_point(result.tasks, started)] if point is not None]
+            result.phases_s["first_batch"], phase = time.monotonic() - phase, time.monotonic()
             cost_model = _cost_model(plan, store, result.transfer)
             for first in firsts:
                 cost_model.update(first.context, [first.candidate], [first.result])
+            result.phases_s["first_fits"] = time.monotonic() - phase
 
         def measure_round(position: int, trials: int, enough: int) -> None:
             task, outcome = tasks[position], result.tasks[position]
@@ -299,7 +306,9 @@ def tune(
                                   round_trials=search_strategy.round_trials_under_budget(plan.search,
                                                                                          MAX_TRIALS_PER_ROUND),
                                   curve=curve)
-        result.kept_s = scheduler.run(plan.keep_for_later)
+        rounds_started = time.monotonic()
+        result.kept_s = scheduler.run(_timed_reserve(plan.keep_for_later, result.phases_s))
+        result.phases_s["rounds"] = time.monotonic() - rounds_started - result.phases_s.get("reserve", 0.0)
         if stop.is_set():  # a Ctrl-C after the last round still stops the command, not only the tuning
             raise _stopped(runner, result, store)
         result.curve = scheduler.curve
@@ -308,6 +317,22 @@ def tune(
         count_committed(tasks, result.tasks, counts, store)
     result.wall_s = time.monotonic() - started
     return result
+
+
+def _timed_reserve(keep_for_later: Callable[[], float] | None, phases_s: dict[str, float]
+                   ) -> Callable[[], float] | None:
+    """The budget's reserve call, its seconds noted in `phases_s` ("reserve")."""
+    if keep_for_later is None:
+        return None
+
+    def timed() -> float:
+        asked = time.monotonic()
+        try:
+            return keep_for_later()
+        finally:
+            phases_s["reserve"] = phases_s.get("reserve", 0.0) + time.monotonic() - asked
+
+    return timed
 
 
 def _first_batch(tasks: list[TuningTask], result: TuningResult, target: tvm.target.Target, store: RecordStore,
