@@ -281,19 +281,13 @@ class RankCost:
 
     compile_s: float
     run_s: float
-    calls: int
-    """Calls of the model in `run_s`, the warm-up included."""
+    """Its kernels timed inside it, as the comparison times each rank (instrumented calls)."""
     inference_s: float
     """One call of the model without the kernels' instrument (median): what the later stages time."""
 
     @property
     def total_s(self) -> float:
         return self.compile_s + self.run_s
-
-    @property
-    def call_s(self) -> float:
-        """Seconds per call of the model with the best schedules so far (an upper bound: kernels instrumented)."""
-        return self.run_s / self.calls
 
 
 def rank_cost(relax_mod: tvm.IRModule, target: tvm.target.Target, database: Database, inputs: list[np.ndarray],
@@ -308,8 +302,7 @@ def rank_cost(relax_mod: tvm.IRModule, target: tvm.target.Target, database: Data
     model = _TimedModel(executable, device, [tvm.runtime.tensor(x, device) for x in inputs], workload_of)
     model.kernel_times(runs)
     run_s = time.monotonic() - compiled
-    return RankCost(compile_s=compiled - started, run_s=run_s, calls=runs + 1,
-                    inference_s=model.inference_seconds(_PLAIN_CALLS))
+    return RankCost(compile_s=compiled - started, run_s=run_s, inference_s=model.inference_seconds(_PLAIN_CALLS))
 
 
 def constant_bytes(relax_mod: tvm.IRModule) -> int:

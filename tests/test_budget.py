@@ -143,7 +143,7 @@ def test_the_stages_after_the_comparison_keep_about_what_they_took_in_real_build
     from edgetune.selection import RankCost
 
     def kept(compile_s: float, call_ms: float, library_mb: float, compiles: int = 0, ways: int = 2) -> float:
-        return finish_seconds(RankCost(compile_s, 1.0, 31, call_ms / 1e3), compiles, library_mb * 1e6, ways)
+        return finish_seconds(RankCost(compile_s, 1.0, call_ms / 1e3), compiles, library_mb * 1e6, ways)
 
     assert 22 <= kept(9.0, 7.0, 59.9) <= 36
     assert 34 <= kept(9.0, 9.0, 59.9, compiles=2) <= 50

@@ -205,8 +205,9 @@ def finish_seconds(cost: RankCost, compiles: int, library_bytes: float, thread_w
 
 _COMPARE_SHARE = 0.15
 """At most this share of a budget goes to comparing schedules inside the model (one compile and run per rank,
-one for the default schedules, and one for the model of the kernels' choices). Side by side on ResNet-18 at 5 minutes (benchmarks/variants.py, 3 seeds),
-the tuning time that 4 ranks took (about 80 s of 300) made the model 1.13x faster than the comparison did."""
+one for the default schedules, and one for the model of the kernels' choices). Side by side on ResNet-18 at
+5 minutes (benchmarks/variants.py, 3 seeds), the tuning time that 4 ranks took (about 80 s of 300) made the
+model 1.13x faster than the comparison did."""
 
 
 def ranks_that_fit(one_rank_s: float, budget_s: float) -> int:
