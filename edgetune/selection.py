@@ -106,9 +106,10 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
     Runs the model on `device` in this process, so it is for targets measured on this machine. The
     tuner's best model stays loaded, and each other rank's model is timed against it in turns
     (`_PAIRED_ROUNDS`), so a slow spell of the machine slows both sides of a comparison, not one rank.
-    `deadline` (a `time.monotonic()` instant, the end of a tuning budget): after the tuner's best, a rank is
-    compiled and timed only if twice the previous one's time still fits before it (this rank, and the model of
-    the kernels' choices, compiled and timed whole after the last rank). `keep_default` exports the
+    `deadline` (a `time.monotonic()` instant, the end of a tuning budget): after the tuner's best, the default
+    schedules' model is compiled and timed only if the previous model's time still fits before it, and a
+    further rank only if twice that time does (this rank, and the model of the kernels' choices, compiled and
+    timed whole after the last rank). `keep_default` exports the
     default schedules' model, which is the untuned one, so the build need not compile it again. Where the
     kernels' choices differ from the tuner's best, the model they make is compiled and timed whole, in
     turns with the tuner's best, and kept only if it runs faster: choices made kernel by kernel in models
@@ -136,7 +137,10 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
     stopped, default_library = False, None
     for rank in [DEFAULT_RANK, *range(1, max(map(len, ranked.values())))]:
         started = time.monotonic()
-        if deadline is not None and started + 2 * rank_s > deadline:  # this rank, and the chosen model after it
+        # the default schedules' model is the untuned one, compiled later if not here; another rank brings the
+        # chosen model's compile and timing after it
+        needed_s = rank_s if rank == DEFAULT_RANK else 2 * rank_s
+        if deadline is not None and started + needed_s > deadline:
             stopped = True
             break
         executable = compile_model(relax_mod, target, _pick(ranked, dict.fromkeys(ranked, rank)), winograd)
