@@ -144,6 +144,30 @@ def test_past_the_deadline_only_the_tuners_best_is_compiled(tmp_path):
     assert selection.in_model_us == selection.tuner_best_in_model_us > 0
 
 
+def test_near_the_deadline_the_default_schedules_model_needs_room_for_itself_only(tmp_path):
+    """The default schedules' model is the untuned one, which the build compiles anyway: it is compared when
+    its own time fits before the deadline, while a further rank needs room for itself and the chosen model
+    after it. Each model's export here takes 6 s more (a slow compile), so a model takes about 7 s: the
+    default's fits by 18 s, another rank's two would not."""
+    relax_mod, target, store, _, inputs, _ = _strided_ranked_first(tmp_path)
+    slow_s = 6.0
+
+    def keep_default(executable) -> Path:
+        time.sleep(slow_s)
+        return tmp_path / "untuned.so"
+
+    def keep_tuned(executable, name: str) -> Path:
+        time.sleep(slow_s if name == "best" else 0.0)
+        return tmp_path / f"{name}.so"
+
+    selection = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2,
+                                 deadline=time.monotonic() + 3 * slow_s, keep_default=keep_default,
+                                 keep_tuned=keep_tuned)
+
+    assert selection.default_library == tmp_path / "untuned.so"  # compared: its compile is not needed later
+    assert selection.stopped_by_deadline  # rank 1 and the chosen model did not fit
+
+
 def test_a_kernel_whose_only_tuned_schedule_is_slower_keeps_its_default(tmp_path):
     relax_mod, target, store, heaviest, inputs, _ = _strided_ranked_first(tmp_path, schedules=1)
 
