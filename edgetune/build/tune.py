@@ -210,10 +210,11 @@ one for the default schedules, and one for the model of the kernels' choices). S
 model 1.13x faster than the comparison did."""
 
 
-def ranks_that_fit(one_rank_s: float, budget_s: float) -> int:
+def ranks_that_fit(compared_s: float, budget_s: float) -> int:
     """Candidate ranks whose in-model comparison, with the default schedules' model and the chosen one, fits
-    _COMPARE_SHARE of the budget (below 2 nothing is compared: the tuner's best is the only candidate)."""
-    return max(1, int(_COMPARE_SHARE * budget_s / max(one_rank_s, 1e-3)) - 2)
+    _COMPARE_SHARE of the budget, `compared_s` a model (below 2 nothing is compared: the tuner's best is the
+    only candidate)."""
+    return max(1, int(_COMPARE_SHARE * budget_s / max(compared_s, 1e-3)) - 2)
 
 
 def _tuning_budget_s(ctx: TargetBuild) -> float | None:
@@ -240,8 +241,9 @@ def _budget_reserve(ctx: TargetBuild):
         cost = rank_cost(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
                          tvm.device(ctx.profile.device, 0), ctx.winograd)
         one_rank = cost.total_s
-        ctx.ranks_that_fit = ranks_that_fit(one_rank, ctx.budget_s)
-        compare = (ctx.candidates + 2) * one_rank if ctx.candidates > 1 else 0.0  # with the default and the chosen
+        ctx.ranks_that_fit = ranks_that_fit(cost.compared_s, ctx.budget_s)
+        # the tuner's best, then the default schedules' model, the other ranks and the chosen model
+        compare = one_rank + (ctx.candidates + 1) * cost.compared_s if ctx.candidates > 1 else 0.0
         # the comparison compiles the untuned model and the one to ship; without it the later stages do
         finish = finish_seconds(cost, compiles=0 if ctx.candidates > 1 else 2,
                                 library_bytes=constant_bytes(ctx.relax_mod) * _LIBRARY_PER_WEIGHT_BYTE,
