@@ -275,14 +275,15 @@ def tune(
             builder, runner = _measurers(plan, stop)
             workers.callback(builder.close)  # the workers end with the tuning, before the compile needs memory
             workers.callback(runner.close)
-            phase = time.monotonic()
+            batch_started = time.monotonic()
             firsts = _first_batch(tasks, result, target, store, plan, builder, runner, progress, started, stop)
             curve += [point for point in [curve_point(result.tasks, started)] if point is not None]
-            result.phases_s["first_batch"], phase = time.monotonic() - phase, time.monotonic()
+            fits_started = time.monotonic()
+            result.phases_s["first_batch"] = fits_started - batch_started
             cost_model = _cost_model(plan, store, result.transfer)
             for first in firsts:
                 cost_model.update(first.context, [first.candidate], [first.result])
-            result.phases_s["first_fits"] = time.monotonic() - phase
+            result.phases_s["first_fits"] = time.monotonic() - fits_started
 
         def measure_round(position: int, trials: int, enough: int) -> None:
             task, outcome = tasks[position], result.tasks[position]
