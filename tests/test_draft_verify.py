@@ -156,22 +156,8 @@ def test_until_the_learned_model_counts_a_round_materializes_only_a_few_drafts_p
         model.update(ctx, batch, results)  # as MetaSchedule's UpdateCostModel callback does
         strategy.notify_runner_results(batch, results)
     before = strategy.counts.verified
-    batch = strategy.generate_measure_candidates()
-    weight = strategy._learned_weight()
-    assert 0 < weight < 1
-    assert strategy.counts.verified - before == strategy._verify_wanted(weight, len(batch))
-
-
-def test_the_drafts_materialized_for_the_learned_model_grow_with_the_weight_of_its_rank():
-    """A learned rank weighing a tenth reorders few drafts: the count grows from the analyzer's few per
-    candidate to `verify` as the weight does (a 10-minute MobileNet-V2 build spent 31% of its tuning's wall
-    time materializing and scoring 160 drafts per batch at weights of 0.3 and less)."""
-    strategy = DraftVerifySearch(load_profile("host").hardware, "cpu", population=256, verify=160)
-    wanted = [strategy._verify_wanted(weight, 8) for weight in np.linspace(0.0, 1.0, 11)]
-    assert wanted[0] == UNLEARNED_VERIFY_PER_TRIAL * 8 and wanted[-1] == 160
-    assert wanted == sorted(wanted) and len(set(wanted)) == len(wanted)
-    assert strategy._verify_wanted(0.3, 8) == 32 + round(0.3 * 128)
-    assert strategy._verify_wanted(0.5, 64) == 160  # a batch that asks for more than `verify` gets `verify`
+    strategy.generate_measure_candidates()
+    assert strategy.counts.verified - before > max(verified)  # now the learned model ranks 96
 
 
 def test_tune_wires_draft_verify_with_a_model_kept_beside_the_records(tmp_path):

@@ -75,10 +75,7 @@ UNLEARNED_VERIFY_PER_TRIAL = 4
 """While the learned model does not count yet (fewer than LEARNED_FROM measurements of the task, no trusted
 prior), a round materializes this many drafts per candidate of its batch instead of `verify`: the score is
 the analyzer's alone, and 160 materializations plus the learned model's features took about 2 s of each
-such round on a ResNet-18 convolution here. Between LEARNED_FROM and LEARNED_FULL the count grows with the
-weight the learned rank carries (`_verify_wanted`): in a 10-minute MobileNet-V2 build (34 tasks, about 50
-measurements each, so weights of 0.3 and less) the 160 materializations and their scoring were 31% of the
-tuning's wall time, the builder's workers idle meanwhile, to reorder drafts by a rank weighing a third."""
+such round on a ResNet-18 convolution here."""
 FALLBACK_PER_TRIAL, FALLBACK_SAMPLES = 4, 48
 """Candidates the fallback spaces materialize (TVM sampling + mutation) per candidate of a batch, all of them
 together, and at most per space and batch. Each is a replay with the postprocessors: 48 per space and batch,
@@ -386,7 +383,8 @@ class DraftVerifySearch(PySearchStrategy):
     def _verify(self, drafts: list[_Draft], batch: int) -> list[tuple[_Draft, float]]:
         """Materialize the best drafts and score them: analyzer's rank, plus the learned model's once it counts."""
         weight = self._learned_weight()
-        ready = self._materialized(drafts, self._verify_wanted(weight, batch))
+        wanted = self.verify_count if weight > 0 else min(self.verify_count, UNLEARNED_VERIFY_PER_TRIAL * batch)
+        ready = self._materialized(drafts, wanted)
         self.counts.verified += len(ready)
         if not ready:
             return []
@@ -401,12 +399,6 @@ class DraftVerifySearch(PySearchStrategy):
             weight = 0.0
         scores = drafted + weight * rank(learned)
         return list(zip(ready, scores))
-
-    def _verify_wanted(self, weight: float, batch: int) -> int:
-        """Drafts to materialize for a batch: a few per candidate for the analyzer's rank, and up to `verify`
-        as the learned rank's weight grows (see UNLEARNED_VERIFY_PER_TRIAL)."""
-        analyzer_only = min(self.verify_count, UNLEARNED_VERIFY_PER_TRIAL * batch)
-        return analyzer_only + round(weight * (self.verify_count - analyzer_only))
 
     def _learned_weight(self) -> float:
         """How much the learned model's rank counts against the analyzer's (see LEARNED_FROM)."""
