@@ -48,7 +48,9 @@ def compile_stage(ctx: TargetBuild, result: TargetResult, budget_ends: float | N
             return CompiledTarget(selection.library, None, samples, selection.default_library)
         database, untuned_library = selection.database, selection.default_library
     elif ctx.comparison_cut_by_budget:
-        result.selection_skipped = "two compiles and runs of the model do not fit its share of the budget"
+        # two ranks: the tuner's best, the default schedules' model, rank 1 and the chosen model (see ranks_that_fit)
+        result.selection_skipped = ("comparing two schedules per kernel (four models compiled and timed) does not "
+                                    "fit its share of the budget")
     ctx.say(f"compiling with the tuned records ({ctx.toolchain.cc.name})")
     executable = compile_model(ctx.relax_mod, ctx.tvm_target, database, ctx.winograd, on_skip=_warn(ctx))
     cuda_kernels = _precompile_kernels(ctx, executable)
