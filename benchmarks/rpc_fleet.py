@@ -79,8 +79,7 @@ def built_candidates(count: int) -> list:
 
     from edgetune.frontend.onnx import fuse_for_tuning, load_model, to_relax
     from edgetune.profiles import resolve_profile
-    from edgetune.tuning.builder import CandidateBuilder
-    from edgetune.tuning.remote import shared_object_export
+    from edgetune.tuning.builder import CandidateBuilder, shared_object_export
     from edgetune.tuning.tasks import extract_tasks
 
     target = resolve_profile("host", None).tvm_target()

@@ -167,7 +167,8 @@ def test_runner_retries_a_hung_server_elsewhere_and_names_a_lost_key(tracker_wit
     from tvm.s_tir.meta_schedule.runner import RunnerInput
     from tvm.script import tirx as T
 
-    from edgetune.tuning.remote import RetryingRPCRunner, export_shared_object
+    from edgetune.tuning.builder import export_shared_object
+    from edgetune.tuning.remote import RetryingRPCRunner
 
     @T.prim_func
     def add_one(a: T.Buffer((1024,), "float32"), b: T.Buffer((1024,), "float32")):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 import pytest
@@ -67,6 +68,28 @@ def test_on_this_machine_the_builder_and_the_runner_share_their_workers() -> Non
     finally:
         builder.close()
         runner.close()  # a second close of the shared pool is harmless
+
+
+def test_on_this_machine_a_candidate_is_linked_by_the_builder_and_only_loaded_by_the_runner() -> None:
+    """The runner times one candidate at a time: a link there (TVM's `.tar` export) would keep the other cores
+    waiting, so the builder's workers hand it a shared object, which the runner loads and times."""
+    mod = _vector_add()
+    builder, runner = local_builder_runner(os.cpu_count() or 1, "cpu")
+    paths: list[str] = []
+    try:
+        built = builder.build([BuilderInput(mod, tvm.target.Target({"kind": "llvm"})) for _ in range(2)])
+        assert [b.error_msg for b in built] == [None, None]
+        paths = [b.artifact_path for b in built]
+        assert all(path.endswith(".so") and os.path.isfile(path) for path in paths) and len(set(paths)) == 2
+        with open(paths[0], "rb") as library:
+            assert library.read(4) == b"\x7fELF"  # linked already, not an archive of object files
+        measured = runner.run([RunnerInput(path, "cpu", ArgInfo.from_prim_func(mod["main"])) for path in paths])
+        assert all(m.result().error_msg is None and len(m.result().run_secs) > 0 for m in measured)
+    finally:
+        builder.close()
+        runner.close()
+        for path in paths:  # the tuning loop removes a measured candidate's directory (remove_build_dir)
+            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 def test_a_job_past_its_timeout_is_killed_and_the_next_job_gets_a_fresh_worker() -> None:

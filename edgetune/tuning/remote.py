@@ -13,11 +13,7 @@ failures).
 
 from __future__ import annotations
 
-import functools
-import os
-import tempfile
 import threading
-from collections.abc import Callable
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import (
@@ -61,20 +57,6 @@ _SESSION_BROKEN = (
 
 class DeviceLost(BuildError):
     """No server left under the target's key: tuning stopped, every committed record kept."""
-
-
-def export_shared_object(compiler: str, module) -> str:
-    """Link a built candidate into a shared object for the device (runs in a builder worker)."""
-    from tvm.support import cc
-
-    path = os.path.join(tempfile.mkdtemp(prefix="edgetune-candidate-"), "candidate.so")
-    module.export_library(path, fcompile=cc.cross_compiler(compiler))
-    return path
-
-
-def shared_object_export(compiler: str) -> Callable:
-    """LocalBuilder's `f_export` for a device: picklable, so it reaches the builder's workers."""
-    return functools.partial(export_shared_object, compiler)
 
 
 def connect_failed(result: RunnerResult) -> bool:

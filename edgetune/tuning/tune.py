@@ -33,7 +33,7 @@ from edgetune.fleet.endpoints import RemoteDevice
 from edgetune.profiles import Hardware
 from edgetune.runtime import use_cpu_threads
 from edgetune.tuning import search_strategy
-from edgetune.tuning.builder import STRAGGLER_ERROR, CandidateBuilder
+from edgetune.tuning.builder import STRAGGLER_ERROR, CandidateBuilder, shared_object_export
 from edgetune.tuning.cost_model.ranking import RankingCostModel
 from edgetune.tuning.cost_model.transfer import TransferCostModel, TransferMode
 from edgetune.tuning.database.store import RecordStore
@@ -41,7 +41,7 @@ from edgetune.tuning.first_batch import DraftFn, FirstMeasured, measure_first_ba
 from edgetune.tuning.intrinsics import register_tensor_intrinsics
 from edgetune.tuning.local_runner import LocalCandidateRunner
 from edgetune.tuning.measurements import FAILED, WatchesTimingNoise
-from edgetune.tuning.remote import DeviceLost, RetryingRPCRunner, shared_object_export
+from edgetune.tuning.remote import DeviceLost, RetryingRPCRunner
 from edgetune.tuning.search_strategy.draft_verify import SearchCounts, analyzer_best
 from edgetune.tuning.search_strategy.seeded import SeededSearch
 from edgetune.tuning.task_scheduler import MAX_TRIALS_PER_ROUND, TaskOutcome, TaskScheduler, curve_point
@@ -237,7 +237,7 @@ def local_builder_runner(cores: int, device: str) -> tuple[ms.builder.Builder, m
         use_cpu_threads(cores)  # inherited by the runner's workers
     workers = WorkerPool(cores, timeout=None, stderr=subprocess.DEVNULL)
     runner = LocalCandidateRunner(timing(device), pool=workers, cpu_threads=cores if device == "cpu" else None)
-    return CandidateBuilder(cores, pool=workers), runner
+    return CandidateBuilder(cores, pool=workers, f_export=shared_object_export(None)), runner
 
 
 def remote_builder_runner(remote: RemoteDevice, cores: int, device: str,

@@ -20,8 +20,10 @@ from concurrent.futures import Future
 
 from tvm.support.popen_pool import PopenPoolExecutor, PopenWorker
 
-_USES_PER_WORKER = 64
-"""Jobs a worker runs before it is replaced: bounds what a worker can leak, and costs one start in 64."""
+_USES_PER_WORKER = 256
+"""Jobs a worker runs before it is replaced: bounds what a worker can leak (each candidate it timed stays loaded),
+and costs one start (0.8 s) in 256. 320 ResNet-18 candidates, built and timed in batches of 16 on two workers:
+89.1 and 91.2 s with 256 jobs a worker, 90.8 and 95.4 s with 64; the workers peaked at 284-299 MB against 275 MB."""
 
 
 class TorchFreeWorker(PopenWorker):
@@ -88,14 +90,16 @@ class Job:
 
 
 class WorkerPool(PopenPoolExecutor):
-    """TVM's PopenPoolExecutor over TorchFreeWorker processes, each reused for `_USES_PER_WORKER` jobs.
+    """TVM's PopenPoolExecutor over TorchFreeWorker processes, each reused for `uses_per_worker` jobs.
 
     `timeout`: seconds a job may take before its worker is killed (and replaced at the next job).
+    `uses_per_worker`: jobs a worker runs before it is replaced (benchmarks/candidate_pipeline.py compares).
     """
 
-    def __init__(self, max_workers: int, timeout: float | None, stderr: int | None = None) -> None:
+    def __init__(self, max_workers: int, timeout: float | None, stderr: int | None = None,
+                 uses_per_worker: int = _USES_PER_WORKER) -> None:
         super().__init__(max_workers=max_workers, timeout=timeout, initializer=ignore_interrupts,
-                         maximum_process_uses=_USES_PER_WORKER, stderr=stderr)
+                         maximum_process_uses=uses_per_worker, stderr=stderr)
 
     def submit_with_timeout(self, timeout: float | None, fn, *args) -> Future:
         """`fn(*args)` on a worker, killed after `timeout` seconds (None: never)."""
