@@ -22,8 +22,9 @@ from tvm.support.popen_pool import PopenPoolExecutor, PopenWorker
 
 _USES_PER_WORKER = 256
 """Jobs a worker runs before it is replaced: bounds what a worker can leak (each candidate it timed stays loaded),
-and costs one start (0.8 s) in 256. 320 ResNet-18 candidates, built and timed in batches of 16 on two workers:
-89.1 and 91.2 s with 256 jobs a worker, 90.8 and 95.4 s with 64; the workers peaked at 284-299 MB against 275 MB."""
+and costs one start (0.8 s) in 256. 320 candidates of a ResNet-18 build, built and timed in batches of 16 on two
+workers (benchmarks/candidate_pipeline.py): 67.9 and 71.2 s with 256 jobs a worker, 73.8 and 74.7 s with 64; the
+workers peaked at 316-325 MB against 308-311 MB."""
 
 
 class TorchFreeWorker(PopenWorker):
