@@ -70,7 +70,7 @@ def build_candidate(mod, target, _params):
 class CandidateBuilder(PyBuilder):
     """Builds a batch of candidates in parallel, each into an artifact the runner loads.
 
-    `f_export` None keeps TVM's `.tar` export (linked where it runs); a device gets linked `.so` files.
+    `f_export` None keeps TVM's `.tar` export (linked where it is loaded); the tuning passes `shared_object_export`.
     `pool`: workers shared with the runner (default: `max_workers` of its own). `close()` ends the workers
     (they also end with the builder).
     """
