@@ -50,15 +50,17 @@ def measured_modules(store: Path, count: int) -> tuple[list, object]:
 
 
 def peak_rss_mb(pool) -> int:
+    """The largest resident size among the pool's live workers (psutil, as benchmarks/memory.py reads it)."""
+    import psutil
+
     sizes = []
     for worker in pool._worker_map.values():
         if worker._proc is None:
             continue
         try:
-            status = Path(f"/proc/{worker._proc.pid}/status").read_text()
-        except OSError:
+            sizes.append(psutil.Process(worker._proc.pid).memory_info().rss // 2**20)
+        except psutil.Error:  # ended between the listing and the reading
             continue
-        sizes += [int(line.split()[1]) // 1024 for line in status.splitlines() if line.startswith("VmRSS")]
     return max(sizes, default=0)
 
 
