@@ -53,7 +53,7 @@ def shared_object_export(compiler: str | None) -> Callable:
 
     Linked in the builder, a candidate is built in parallel with its batch's others and the runner only loads
     it. With TVM's `.tar` export the runner linked each candidate as it loaded it, while the other cores waited:
-    36 ms of a ResNet-18 convolution candidate's 0.32 s build, each time."""
+    39 ms per ResNet-18 convolution candidate against its 0.32 s build (means of 20), each time."""
     return functools.partial(export_shared_object, compiler)
 
 
