@@ -12,6 +12,10 @@ each latency and the ratio busy / idle (1.0: the busy machine cost nothing; the 
 measured (edgetune.tuning.measurements.REMEASURES = 0 in this process, where the builds run): the
 re-measurement's own effect, side by side. `--without-fewer-threads` adds one with every candidate timed on
 all the target's threads however busy the machine (no share of a core counts as taken: machine_load.py).
+`--without-slow-windows` adds one with no candidate timed again for a reference kernel that ran slow beside it
+(tuning/slow_windows.py). `--hog-bursts ON OFF` runs the busy loops in bursts, ON seconds busy and OFF seconds
+stopped, over and over: a neighbour whose load changes within a batch, which the reading of other programs' CPU
+time before each batch (machine_load.py) does not follow.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,37 +41,56 @@ HOG = "while True:\n    pass\n"
 
 
 @contextmanager
-def cpu_hogs(count: int, nice: int | None = None):
-    """`count` busy-loop processes for the duration of the block (at `nice`, when given), started as another
-    user's programs are: not descendants of this process, where the builds run (edgetune counts its own
-    descendants as its workers; the shell that starts each loop exits, and init adopts it)."""
+def cpu_hogs(count: int, nice: int | None = None, bursts: tuple[float, float] | None = None):
+    """`count` busy-loop processes for the duration of the block (at `nice`, when given; in `bursts` of (busy,
+    stopped) seconds, when given), started as another user's programs are: not descendants of this process,
+    where the builds run (edgetune counts its own descendants as its workers; the shell that starts each loop
+    exits, and init adopts it)."""
     prefix = "" if nice is None else f"nice -n {int(nice)} "
     loop = f"{prefix}{shlex.quote(sys.executable)} -c {shlex.quote(HOG)} >/dev/null 2>&1 & echo $!"
     pids = [int(subprocess.run(["sh", "-c", loop], capture_output=True, text=True, check=True).stdout)
             for _ in range(count)]
+
+    ended = threading.Event()
+
+    def burst() -> None:
+        while not ended.wait(bursts[0]):
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            ended.wait(bursts[1])
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+    bursting = threading.Thread(target=burst, daemon=True) if bursts is not None else None
+    if bursting is not None:
+        bursting.start()
     try:
         yield
     finally:
+        ended.set()
+        if bursting is not None:
+            bursting.join()
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
 
 
 def build(model: str, budget_min: float, search: str, seed: int, hogs: int, output: Path, remeasure: bool,
-          fewer_threads: bool) -> dict:
+          fewer_threads: bool, slow_windows: bool = True, hog_bursts: tuple[float, float] | None = None) -> dict:
     from edgetune import machine_load
-    from edgetune.tuning import measurements
+    from edgetune.tuning import local_runner, measurements
 
     text = recipe_text(f"busy-{hogs}-{seed}", model, 2, 100_000, budget_min, search, output, 4)
     text = text.replace("  seed: 0\n", f"  seed: {seed}\n")
-    remeasures, taken_core = measurements.REMEASURES, machine_load.TAKEN_CORE
-    with cpu_hogs(hogs):
+    remeasures, taken_core, slow_window = measurements.REMEASURES, machine_load.TAKEN_CORE, local_runner.SLOW_WINDOW
+    with cpu_hogs(hogs, bursts=hog_bursts):
         started = time.monotonic()
         measurements.REMEASURES = remeasures if remeasure else 0
         machine_load.TAKEN_CORE = taken_core if fewer_threads else float((os.cpu_count() or 1) + 1)  # none taken
+        local_runner.SLOW_WINDOW = slow_window if slow_windows else 0.0  # never quiet enough to time again
         try:
             summary = build_artifact(text)
         finally:
             measurements.REMEASURES, machine_load.TAKEN_CORE = remeasures, taken_core
+            local_runner.SLOW_WINDOW = slow_window
     summary["wall_s"] = time.monotonic() - started
     return summary
 
@@ -93,8 +117,10 @@ def time_artifacts(model_source: dict, libraries: dict[str, Path], repeats: int)
     return {name: t["median_ms"] for name, t in time_side_by_side(runners, repeats, 1.0).items()}
 
 
-VARIANTS = {"busy-no-remeasure": (False, True), "busy-same-threads": (True, False)}
-"""Busy builds with one defence off: (disturbed timings measured again, timed on the cores left free)."""
+VARIANTS = {"busy-no-remeasure": (False, True, True), "busy-same-threads": (True, False, True),
+            "busy-no-windows": (True, True, False)}
+"""Busy builds with one defence off: (disturbed timings measured again, timed on the cores left free, timed
+again after a slow window)."""
 
 
 def main() -> int:
@@ -109,19 +135,26 @@ def main() -> int:
                         help="one more build per seed: busy, disturbed timings not measured again")
     parser.add_argument("--without-fewer-threads", action="store_true",
                         help="one more build per seed: busy, every candidate timed on all the target's threads")
+    parser.add_argument("--without-slow-windows", action="store_true",
+                        help="one more build per seed: busy, no timing taken again after a slow reference reading")
+    parser.add_argument("--hog-bursts", type=float, nargs=2, metavar=("ON", "OFF"), default=None,
+                        help="run the busy loops ON seconds, stop them OFF seconds, over and over")
     add_keep_option(parser)
     args = parser.parse_args()
-    builds = [("idle", 0, True, True), ("busy", args.hogs, True, True)]
-    builds += [("busy-no-remeasure", args.hogs, *VARIANTS["busy-no-remeasure"])] if args.without_remeasure else []
-    builds += [("busy-same-threads", args.hogs, *VARIANTS["busy-same-threads"])] if args.without_fewer_threads else []
+    builds = [("idle", 0, True, True, True), ("busy", args.hogs, True, True, True)]
+    for label, wanted in (("busy-no-remeasure", args.without_remeasure),
+                          ("busy-same-threads", args.without_fewer_threads),
+                          ("busy-no-windows", args.without_slow_windows)):
+        builds += [(label, args.hogs, *VARIANTS[label])] if wanted else []
     rows = []
     with build_directory(args.keep, "edgetune-busy-") as scratch:
         for seed in args.seeds:
             built = {}
-            for label, hogs, remeasure, fewer_threads in builds:
+            for label, hogs, remeasure, fewer_threads, slow_windows in builds:
                 print(f"seed {seed}: building {args.model}: {label} ({hogs} hogs)", flush=True)
                 built[label] = build(args.model, args.budget_min, args.search, seed, hogs,
-                                     Path(scratch) / f"{label}-{seed}", remeasure, fewer_threads)
+                                     Path(scratch) / f"{label}-{seed}", remeasure, fewer_threads, slow_windows,
+                                     tuple(args.hog_bursts) if args.hog_bursts else None)
             libraries = {k: Path(v["artifact_dir"]) / "model.so" for k, v in built.items()}
             times = time_artifacts({"zoo": args.model}, libraries, args.repeats)
             rows.append((seed, built, times))
@@ -130,15 +163,20 @@ def main() -> int:
 
 
 def print_table(args: argparse.Namespace, rows: list) -> None:
-    print(f"\n{args.model}, {args.search}, {args.budget_min} min, {args.hogs} hog(s) beside the busy builds")
-    print("seed  build               ms  /idle  vs ORT  trials  wall s  disturbed/measured again/stayed so  "
-          "on fewer threads")
+    hogs = f"in bursts ({args.hog_bursts[0]:g} s on, {args.hog_bursts[1]:g} s off)" if args.hog_bursts else "throughout"
+    print(f"\n{args.model}, {args.search}, {args.budget_min} min, {args.hogs} hog(s) beside the busy builds {hogs}")
+    print("seed  build               ms  /idle  vs ORT  trials  wall s  beat ORT s  disturbed/again/stayed  "
+          "fewer threads  slow windows/again/stayed")
     for seed, built, times in rows:
         for label, summary in built.items():
+            beat = summary.get("time_to_beat_reference_s")
             print(f"{seed:4d}  {label:17s} {times[label]:6.2f} {times[label] / times['idle']:6.3f}x "
                   f"{times['onnxruntime'] / times[label]:6.3f}x {summary['trials_measured']:6d} "
-                  f"{summary['wall_s']:7.0f}  {summary['timings_disturbed']}/{summary['timings_remeasured']}/"
-                  f"{summary['timings_still_disturbed']:<26} {summary.get('timings_on_fewer_threads', 0)}")
+                  f"{summary['wall_s']:7.0f}  {'never' if beat is None else f'{beat:.0f}':>10}  "
+                  f"{summary['timings_disturbed']}/{summary['timings_remeasured']}/"
+                  f"{summary['timings_still_disturbed']:<14} {summary.get('timings_on_fewer_threads', 0):13d}  "
+                  f"{summary.get('timings_in_slow_windows', 0)}/{summary.get('timings_retimed_quiet', 0)}/"
+                  f"{summary.get('timings_still_slow', 0)}")
         print(f"{seed:4d}  onnxruntime       {times['onnxruntime']:6.2f}")
     for label in rows[0][1]:
         if label != "idle":

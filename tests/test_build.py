@@ -71,7 +71,10 @@ def test_the_summary_counts_the_timings_other_work_disturbed_per_task_and_in_tot
     assert (0 <= host["timings_still_disturbed"] <= host["timings_remeasured"] <= host["timings_disturbed"]
             <= host["trials_measured"])
     assert 0 <= host["timings_on_fewer_threads"] <= host["trials_measured"]
-    for count in ("timings_disturbed", "timings_remeasured", "timings_on_fewer_threads"):
+    assert max(host["timings_retimed_quiet"], host["timings_still_slow"]) <= host["timings_in_slow_windows"] \
+        <= host["trials_measured"]
+    for count in ("timings_disturbed", "timings_remeasured", "timings_on_fewer_threads", "timings_in_slow_windows",
+                  "timings_retimed_quiet"):
         assert host[count] == sum(task[count] for task in host["tasks"])
 
 

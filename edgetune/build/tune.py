@@ -87,6 +87,9 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
         timings_remeasured=noise.remeasured,
         timings_still_disturbed=noise.still_disturbed,
         timings_on_fewer_threads=noise.on_fewer_threads,
+        timings_in_slow_windows=noise.slow_window,
+        timings_retimed_quiet=noise.slow_window_retimed,
+        timings_still_slow=noise.slow_window_still,
         builds_cut=builds_cut,
     )
 
@@ -134,6 +137,8 @@ def _task_summary(task, search: str) -> dict[str, Any]:
         "timings_disturbed": task.timings.disturbed,
         "timings_remeasured": task.timings.remeasured,
         "timings_on_fewer_threads": task.timings.on_fewer_threads,
+        "timings_in_slow_windows": task.timings.slow_window,
+        "timings_retimed_quiet": task.timings.slow_window_retimed,
         "builds_cut": task.builds_cut,
     }
 

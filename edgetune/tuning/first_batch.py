@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
-from tvm.s_tir.meta_schedule.builder import BuilderInput
+from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult
 from tvm.s_tir.meta_schedule.database import TuningRecord
 from tvm.s_tir.meta_schedule.runner import RunnerInput, RunnerResult
 from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
@@ -35,6 +35,7 @@ from edgetune.tuning.analyzer.tir import parallel_extent
 from edgetune.tuning.builder import STRAGGLER_ERROR
 from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.measurements import FAILED, WatchesTimingNoise, mean_seconds, measure_candidate
+from edgetune.tuning.slow_windows import TimesInWindows
 from edgetune.tuning.task_scheduler import TaskOutcome
 from edgetune.tuning.tasks import TuningTask
 from edgetune.tuning.transfer.siblings import TransferStats, tuning_context
@@ -106,14 +107,10 @@ def measure_first_batch(tasks: list[TuningTask], outcomes: list[TaskOutcome], ta
         return
     built = builder.build([BuilderInput(candidate.sch.mod, target) for _, _, candidate in chosen])
     try:
-        for (position, context, candidate), build in zip(chosen, built):
+        results = _results(runner, chosen, built, outcomes, target)
+        for (position, context, candidate), build, result in zip(chosen, built, results):
             outcome = outcomes[position]
-            if build.error_msg is not None:
-                outcome.builds_cut += build.error_msg.startswith(STRAGGLER_ERROR)
-                result = RunnerResult(None, build.error_msg)
-            else:
-                result = _timed(runner, outcome, RunnerInput(build.artifact_path, _device_type(target),
-                                                             candidate.args_info))
+            outcome.builds_cut += (build.error_msg or "").startswith(STRAGGLER_ERROR)
             measured = FirstMeasured(position, context, candidate, result)
             _commit(store, tasks[position], target, candidate, result)
             _count(outcome, tasks[position].name, measured.seconds, stats if outcome.sibling_seeds else None)
@@ -122,6 +119,29 @@ def measure_first_batch(tasks: list[TuningTask], outcomes: list[TaskOutcome], ta
         for build in built:
             if build.error_msg is None:  # as MetaSchedule's RemoveBuildArtifact callback does
                 shutil.rmtree(os.path.dirname(build.artifact_path), ignore_errors=True)
+
+
+def _results(runner: ms.runner.Runner, chosen: list[tuple[int, ms.TuneContext, MeasureCandidate]],
+             built: list[BuilderResult], outcomes: list[TaskOutcome],
+             target: tvm.target.Target) -> Iterator[RunnerResult]:
+    """Each chosen candidate's result, in order: a failed build's error, else its timing. A runner that times
+    beside a reference kernel (`TimesInWindows`) gets all of them at once, so a candidate timed in a slow window
+    is timed again even when the window shows only later in the batch; another runner times them one by one,
+    each made durable before the next is timed."""
+    inputs = {i: RunnerInput(build.artifact_path, _device_type(target), chosen[i][2].args_info)
+              for i, build in enumerate(built) if build.error_msg is None}
+    timed: dict[int, RunnerResult] = {}
+    if isinstance(runner, TimesInWindows):
+        order = list(inputs)
+
+        def watch(j: int) -> None:
+            runner.noise.watch(outcomes[chosen[order[j]][0]].timings, None)
+        timed = dict(zip(order, runner.time_results([inputs[i] for i in order], before_each=watch)))
+    for i, build in enumerate(built):
+        if build.error_msg is not None:
+            yield RunnerResult(None, build.error_msg)
+        else:
+            yield timed[i] if i in timed else _timed(runner, outcomes[chosen[i][0]], inputs[i])
 
 
 def _drafts_of_the_rest(outcomes: list[TaskOutcome], drafts: DraftFn) -> list[tuple[int, ms.TuneContext,

@@ -60,15 +60,16 @@ class NoiseCounts:
     remeasured: int = 0  # ...near enough the best to be measured again
     still_disturbed: int = 0  # ...and that no re-measurement gave undisturbed
     on_fewer_threads: int = 0  # candidates timed on fewer threads than the target's: other programs held cores
+    slow_window: int = 0  # candidates timed while a reference kernel ran slow beside them (slow_windows.py)
+    slow_window_retimed: int = 0  # ...that could be near the best, so timed again once the machine read quiet
+    slow_window_still: int = 0  # ...that could be near the best and were not timed in a quiet window after all
 
     @classmethod
     def total(cls, counts: Iterable[NoiseCounts]) -> NoiseCounts:
         summed = cls()
         for each in counts:
-            summed.disturbed += each.disturbed
-            summed.remeasured += each.remeasured
-            summed.still_disturbed += each.still_disturbed
-            summed.on_fewer_threads += each.on_fewer_threads
+            for name, value in vars(each).items():
+                setattr(summed, name, getattr(summed, name) + value)
         return summed
 
 

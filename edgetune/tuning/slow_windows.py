@@ -1,0 +1,169 @@
+"""A reference kernel timed beside every candidate: which timings ran while the whole machine was slow.
+
+The mean-over-median check (measurements.TimingNoise) catches a timing of which a run or two lost the CPU.
+A timing slowed evenly over all its runs passes it: a neighbour holding both cores, or a vCPU losing time to
+the host, slows every run alike. A 60-minute ResNet-18 build timed its input transpose at 1587 us (22 us in
+other builds) while another program ended beside it; the task has one schedule, so nothing timed it again,
+and its curve carried 2 ms that the model does not spend. A small parallel kernel of fixed work, timed
+before each candidate on the same threads, shows such windows: a 128x128 matmul ran 80 us on this VM's
+two idle cores, 160 us beside one busy loop and 3200-4500 us beside two.
+
+A candidate timed while the reference ran more than SLOW_WINDOW times its fastest reading is timed again once
+the batch is timed and the machine reads quiet, when it may matter: its time, scaled by how slow the window
+was, is within NEAR_BEST of its task's best. The lower of its two means is kept (slowing only adds time).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from tvm.s_tir.meta_schedule.runner import RunnerInput, RunnerResult
+
+from edgetune.runtime import off_the_pool_threads_cores, use_cpu_threads
+from edgetune.tuning.measurements import FAILED, NEAR_BEST, NoiseCounts, TimingNoise, mean_seconds
+
+SLOW_WINDOW = 1.2
+"""A reference reading this many times the fastest one marks the candidate timed beside it as timed in a
+slow window. Idle readings of the reference on this VM spread by 2%; one busy loop beside a 2-thread timing
+doubles it, and the VM's slow spells were 22-25% (README, Performance)."""
+
+_REFERENCE_SIZE = 128
+"""The reference matmul's side: 4 MFLOP, about 80 us on two Zen 5 cores (warm), short enough that a wait for a
+descheduled thread at the parallel loop's end shows in full."""
+
+_READING_RUNS = (3, 3)
+"""(number, repeat) of a reading: the median of three means of three runs, about 1 ms."""
+
+_loaded: dict[str, tuple] = {}
+"""In a worker: the reference module and its arguments, by path (loaded once per worker)."""
+
+
+def build_reference_kernel(directory: str) -> str:
+    """Build the reference kernel for this machine into `directory` (runs in a worker); returns the library."""
+    import tvm
+    from tvm import te
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir import Schedule
+
+    n = _REFERENCE_SIZE
+    a, b = te.placeholder((n, n), name="a"), te.placeholder((n, n), name="b")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
+    schedule = Schedule(te.create_prim_func([a, b, c]))
+    i, j, k = schedule.get_loops(schedule.get_sblock("c"))
+    schedule.reorder(i, k, j)
+    schedule.parallel(i)
+    schedule.vectorize(schedule.split(j, [None, 16])[1])
+    path = os.path.join(directory, "reference.so")
+    tvm_build(schedule.mod, target=tvm.target.Target("llvm")).export_library(path)
+    return path
+
+
+def time_reference(path: str, cpu_threads: int, on_threads: int) -> float:
+    """On a worker: the reference's median run time in seconds, on `on_threads` of the target's `cpu_threads`,
+    with the calling thread placed as a candidate's timing places it (local_runner.time_candidate)."""
+    import numpy as np
+    import tvm
+
+    if path not in _loaded:
+        device = tvm.cpu(0)
+        arrays = [tvm.runtime.tensor(np.ones((_REFERENCE_SIZE, _REFERENCE_SIZE), "float32"), device)
+                  for _ in range(3)]
+        module = tvm.runtime.load_module(path)
+        number, repeat = _READING_RUNS
+        _loaded[path] = (module.time_evaluator(module.entry_name, device, number=number, repeat=repeat), arrays)
+    evaluator, arrays = _loaded[path]
+    use_cpu_threads(cpu_threads, running=on_threads)
+    with off_the_pool_threads_cores():
+        return statistics.median(evaluator(*arrays).results)
+
+
+@dataclass
+class Timed:
+    """One candidate of a batch as timed: its run times (None: it failed, `error`), the reference's readings
+    just before and just after it (seconds, scaled to the target's threads as the timing is), its task's best
+    before it (`best_s`, None: none yet) and the task's counts of noisy timings (`counts`)."""
+
+    seconds: list[float] | None
+    error: str | None = None
+    reading_before: float = 0.0
+    reading_after: float = 0.0
+    best_s: float | None = None
+    counts: NoiseCounts = field(default_factory=NoiseCounts)
+
+    @property
+    def mean_s(self) -> float:
+        return mean_seconds(self.seconds) if self.seconds is not None else FAILED
+
+
+@dataclass
+class SlowWindows:
+    """The fastest reference reading so far and which of a batch's timings to take again because of it."""
+
+    fastest_s: float | None = None
+
+    def note(self, reading_s: float) -> float:
+        """A reading taken: it lowers the fastest one; returns it."""
+        if self.fastest_s is None or reading_s < self.fastest_s:
+            self.fastest_s = reading_s
+        return reading_s
+
+    def slowdown(self, reading_s: float) -> float:
+        """How many times the fastest reading a reading took (1.0 before any)."""
+        return reading_s / self.fastest_s if self.fastest_s else 1.0
+
+    def in_slow_window(self, timed: Timed) -> bool:
+        return self.slowdown(max(timed.reading_before, timed.reading_after)) > SLOW_WINDOW
+
+    def to_time_again(self, batch: Sequence[Timed]) -> list[int]:
+        """Positions of the batch's timings taken in a slow window that could be near their task's best: the
+        mean divided by the window's slowdown within NEAR_BEST of the best the task had before the batch and of
+        the task's timings in the batch outside slow windows. A task's timings share its `counts` (one task a
+        batch, but for the first batch: every task's first ones, with no best before them)."""
+        def quiet_best(counts: NoiseCounts) -> float | None:
+            return min((t.mean_s for t in batch if t.counts is counts and t.seconds is not None
+                        and not self.in_slow_window(t)), default=None)
+        chosen = []
+        for i, timed in enumerate(batch):
+            if timed.seconds is None or not self.in_slow_window(timed):
+                continue
+            bests = [b for b in [timed.best_s, quiet_best(timed.counts)] if b is not None]
+            scaled = timed.mean_s / self.slowdown(max(timed.reading_before, timed.reading_after))
+            if not bests or scaled <= NEAR_BEST * min(bests):
+                chosen.append(i)
+        return chosen
+
+    def retime(self, batch: list[Timed], time_again: Callable[[int], Timed], quiet_now: bool) -> None:
+        """Times again, in place, the batch's timings `to_time_again` says may matter, if the machine is quiet
+        now (`quiet_now`); each keeps the lower mean of its two timings. Counted into each task's counts."""
+        positions = self.to_time_again(batch)
+        for timed in batch:
+            timed.counts.slow_window += timed.seconds is not None and self.in_slow_window(timed)
+        for i in positions:
+            first = batch[i]
+            if not quiet_now:
+                first.counts.slow_window_still += 1
+                continue
+            again = time_again(i)
+            first.counts.slow_window_retimed += 1
+            first.counts.slow_window_still += self.in_slow_window(again)
+            if again.seconds is not None and again.mean_s < first.mean_s:
+                batch[i] = again
+
+
+@runtime_checkable
+class TimesInWindows(Protocol):
+    """A runner that times a batch beside the reference kernel (the local runner): the first batch hands it
+    every task's first candidates at once, so a slow window found later in the batch still reaches them."""
+
+    noise: TimingNoise
+
+    def time_results(self, runner_inputs: list[RunnerInput],
+                     before_each: Callable[[int], None] | None = None) -> list[RunnerResult]:
+        """The batch's results in order; `before_each(i)` runs before the i-th is timed (the first batch
+        watches each candidate's own task's noise there)."""
+        ...

@@ -1,0 +1,143 @@
+"""Candidates timed while the whole machine ran slow: seen by a reference kernel beside them, timed again."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import tvm
+from tvm import te
+from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+from tvm.s_tir.meta_schedule.builder import BuilderInput
+from tvm.s_tir.meta_schedule.runner import RunnerInput
+from tvm.s_tir.schedule import Schedule
+
+from edgetune import machine_load
+from edgetune.tuning.measurements import FAILED, NoiseCounts, mean_seconds
+from edgetune.tuning.slow_windows import SlowWindows, Timed
+from edgetune.tuning.tune import local_builder_runner
+
+QUIET, SLOW = 80e-6, 800e-6  # reference readings: as on an idle 2-core VM, and ten times that
+
+
+def _timed(mean_s: float, before: float = QUIET, after: float = QUIET, best_s: float | None = None,
+           counts: NoiseCounts | None = None) -> Timed:
+    return Timed([mean_s] * 10, reading_before=before, reading_after=after, best_s=best_s,
+                 counts=counts if counts is not None else NoiseCounts())
+
+
+def _windows(*readings: float) -> SlowWindows:
+    windows = SlowWindows()
+    for reading in readings:
+        windows.note(reading)
+    return windows
+
+
+def test_a_timing_beside_a_slow_reading_that_may_beat_the_best_is_timed_again() -> None:
+    windows = _windows(QUIET, SLOW)
+    task = NoiseCounts()
+    batch = [_timed(100e-6, counts=task), _timed(900e-6, before=SLOW, counts=task),
+             _timed(5000e-6, after=SLOW, counts=task)]
+    # 900 us in a 10x window is about 90 us: near the batch's quiet 100 us; 5000 us is 500 us: far behind it
+    assert windows.to_time_again(batch) == [1]
+
+
+def test_in_the_first_batch_every_slow_timing_is_timed_again_and_none_quiet_is() -> None:
+    windows = _windows(QUIET, SLOW)
+    batch = [_timed(1587e-6, before=SLOW), _timed(400e-6, after=SLOW), _timed(22e-6)]
+    assert windows.to_time_again(batch) == [0, 1]  # one task each, no best before them: each may be its task's
+
+
+def test_a_reading_counts_against_the_fastest_so_far_whenever_it_came() -> None:
+    windows = _windows(SLOW)  # the machine was slow from the start: nothing to compare with yet
+    batch = [_timed(1587e-6, before=SLOW, after=SLOW)]
+    assert windows.to_time_again(batch) == []
+    windows.note(QUIET)  # the window closed before the batch ended: its first timings were slow after all
+    assert windows.to_time_again(batch) == [0]
+
+
+def test_a_failed_timing_is_never_timed_again() -> None:
+    windows = _windows(QUIET, SLOW)
+    assert windows.to_time_again([Timed(None, "LocalRunner: Timeout", SLOW, SLOW)]) == []
+
+
+def test_timed_again_the_lower_mean_stays_and_each_task_counts_its_own() -> None:
+    windows = _windows(QUIET, SLOW)
+    first_task, second_task = NoiseCounts(), NoiseCounts()
+    batch = [_timed(1587e-6, before=SLOW, counts=first_task), _timed(400e-6, after=SLOW, counts=second_task),
+             _timed(35e-6, counts=second_task)]
+    again = {0: _timed(22e-6, counts=first_task), 1: _timed(450e-6, before=SLOW, counts=second_task)}
+    windows.retime(batch, lambda i: again[i], quiet_now=True)
+    assert [mean_seconds(t.seconds) for t in batch] == pytest.approx([22e-6, 400e-6, 35e-6])  # 450 > 400
+    assert (first_task.slow_window, first_task.slow_window_retimed, first_task.slow_window_still) == (1, 1, 0)
+    assert (second_task.slow_window, second_task.slow_window_retimed, second_task.slow_window_still) == (1, 1, 1)
+    assert NoiseCounts.total([first_task, second_task]).slow_window == 2
+
+
+def test_while_the_machine_is_still_slow_nothing_is_timed_again() -> None:
+    windows = _windows(QUIET, SLOW)
+    counts = NoiseCounts()
+    batch = [_timed(900e-6, before=SLOW, counts=counts)]
+
+    def never(_: int) -> Timed:
+        raise AssertionError("timed again in a slow window")
+    windows.retime(batch, never, quiet_now=False)
+    assert (counts.slow_window, counts.slow_window_retimed, counts.slow_window_still) == (1, 0, 1)
+    assert mean_seconds(batch[0].seconds) == pytest.approx(900e-6) and batch[0].mean_s < FAILED
+
+
+def _parallel_matmul(n: int = 96) -> tvm.IRModule:
+    a, b = te.placeholder((n, n), name="a"), te.placeholder((n, n), name="b")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
+    schedule = Schedule(te.create_prim_func([a, b, c]))
+    i, _, _ = schedule.get_loops(schedule.get_sblock("c"))
+    schedule.parallel(i)
+    return schedule.mod
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: a kernel has no parallel loop to wait in")
+def test_a_candidate_timed_while_other_programs_held_every_core_is_timed_again_once_they_end(monkeypatch) -> None:
+    """Busy loops at this process's priority start just before the first of three timings of one candidate and
+    end just after it: its two threads wait on each other at the parallel loop's end, the reference beside it
+    runs many times slower, so the candidate is timed again once the machine is quiet, and its result is in
+    line with its two quiet timings. Timed on every core whatever ran before (a timing on one thread barely
+    slows beside the loops: machine_load.py), as a batch is when the loops start after the batch began."""
+    cores = os.cpu_count() or 1
+    monkeypatch.setattr(machine_load, "TAKEN_CORE", float(cores + 1))  # no core counts as taken
+    mod = _parallel_matmul()
+    builder, runner = local_builder_runner(cores, "cpu")
+    hogs: list[subprocess.Popen] = []
+    path = None
+
+    def busy_only_for_the_first(i: int) -> None:
+        if i == 0:
+            hogs.extend(subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores))
+            time.sleep(0.5)  # the loops are running
+        else:
+            for hog in hogs:
+                hog.kill()
+                hog.wait()
+    try:
+        (built,) = builder.build([BuilderInput(mod, tvm.target.Target({"kind": "llvm"}))])
+        path = built.artifact_path
+        runner_input = RunnerInput(path, "cpu", ArgInfo.from_prim_func(mod["main"]))
+        runner.noise.watch(NoiseCounts(), None)
+        results = runner.time_results([runner_input] * 3, before_each=busy_only_for_the_first)
+        assert all(r.error_msg is None for r in results)
+        counts = runner.noise.counts
+        assert counts.slow_window >= 1 and counts.slow_window_retimed >= 1
+        means = [mean_seconds(r.run_secs) for r in results]
+        assert means[0] < 3 * min(means[1:]), means
+    finally:
+        for hog in hogs:
+            hog.kill()
+        builder.close()
+        runner.close()
+        if path is not None:
+            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    assert runner._reference_dir is not None and not os.path.exists(runner._reference_dir)
