@@ -16,9 +16,11 @@ The main process's schedule replays are not timed: each variant gets the same sc
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -28,24 +30,30 @@ VARIANTS = {"tar-64": (False, 64), "so-64": (True, 64), "so-256": (True, 256)}
 BATCH = 16
 
 
-def measured_modules(store: Path, count: int) -> tuple[list, object]:
-    """The first `count` candidates a build measured (its records, in the order they were measured), scheduled
-    again from their traces: what the tuning builds and times, not random schedules (those build and run several
-    times slower)."""
+def replayed_records(store: Path, wanted: Callable[[int], bool] = lambda task: True) -> Iterator[tuple[int, object]]:
+    """(its task's workload hash, its schedule's module) of each candidate a build measured, in the order measured,
+    scheduled again from its trace: what the tuning builds and times, not random schedules (those build and run
+    several times slower). A candidate whose task `wanted` refuses, when it comes, is not replayed."""
+    import tvm_ffi
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
 
-    from edgetune.profiles import resolve_profile
-
     database = ms.database.JSONDatabase(str(store / "database_workload.json"),
                                         str(store / "database_tuning_record.json"), allow_missing=False)
-    modules = []
     for record in database.get_all_tuning_records():
-        if len(modules) >= count:
-            break
+        task = tvm_ffi.structural_hash(record.workload.mod)
+        if not wanted(task):
+            continue
         schedule = Schedule(record.workload.mod)
         record.trace.apply_to_schedule(schedule, remove_postproc=False)
-        modules.append(schedule.mod)
+        yield task, schedule.mod
+
+
+def measured_modules(store: Path, count: int) -> tuple[list, object]:
+    """The first `count` candidates a build measured (`replayed_records`), and this machine's target."""
+    from edgetune.profiles import resolve_profile
+
+    modules = [module for _, module in itertools.islice(replayed_records(store), count)]
     return modules, resolve_profile("host", None).tvm_target()
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e  # noqa: F401  (sets the thread counts first)
 from busy_machine import HOG
+from candidate_pipeline import replayed_records
 
 VARIANTS = ("idle", "burst", "burst-no-windows")
 
@@ -37,22 +38,11 @@ VARIANTS = ("idle", "burst", "burst-no-windows")
 def first_batch(store: Path, per_task: int) -> tuple[list, list[int], object]:
     """The first `per_task` candidates the store's build measured of each task (its first batch's drafts, scheduled
     again from their traces), each one's task (by workload), and the target."""
-    import tvm_ffi
-    from tvm.s_tir import Schedule
-    from tvm.s_tir import meta_schedule as ms
-
     from edgetune.profiles import resolve_profile
 
-    database = ms.database.JSONDatabase(str(store / "database_workload.json"),
-                                        str(store / "database_tuning_record.json"), allow_missing=False)
     modules, tasks = [], []
-    for record in database.get_all_tuning_records():
-        task = tvm_ffi.structural_hash(record.workload.mod)
-        if tasks.count(task) >= per_task:
-            continue
-        schedule = Schedule(record.workload.mod)
-        record.trace.apply_to_schedule(schedule, remove_postproc=False)
-        modules.append(schedule.mod)
+    for task, module in replayed_records(store, wanted=lambda task: tasks.count(task) < per_task):
+        modules.append(module)
         tasks.append(task)
     return modules, tasks, resolve_profile("host", None).tvm_target()
 

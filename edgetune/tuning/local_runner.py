@@ -130,16 +130,15 @@ class LocalCandidateRunner(PyRunner):
 
     def _reference_ready(self) -> bool:
         """Builds the reference kernel on first use; False where there is none."""
-        if self.windows is None or self._reference is not None:
-            return self.windows is not None
-        self._reference_dir = tempfile.mkdtemp(prefix="edgetune-reference-")
-        try:
-            self._reference = self.pool.submit_with_timeout(self.timeout_sec, build_reference_kernel,
-                                                            self._reference_dir).result()
-        except Exception as exc:  # noqa: BLE001 (no compiler for it: candidates are timed as before)
-            logger.warning("the reference kernel could not be built (%s: %s); slow windows are not watched",
-                           type(exc).__name__, exc)
-            self.windows = None
+        if self.windows is not None and self._reference is None:
+            self._reference_dir = tempfile.mkdtemp(prefix="edgetune-reference-")
+            try:
+                self._reference = self.pool.submit_with_timeout(self.timeout_sec, build_reference_kernel,
+                                                                self._reference_dir).result()
+            except Exception as exc:  # noqa: BLE001 (no compiler for it: candidates are timed as before)
+                logger.warning("the reference kernel could not be built (%s: %s); slow windows are not watched",
+                               type(exc).__name__, exc)
+                self.windows = None
         return self.windows is not None
 
     def close(self) -> None:
