@@ -271,8 +271,8 @@ def _print_summary(result) -> None:
                       f"({t.timings_still_disturbed} stayed disturbed)", markup=False, soft_wrap=True)
         if t.timings_in_slow_windows:
             out.print(f"{name}: {t.timings_in_slow_windows} candidates were timed while the whole device ran slow (a "
-                      f"reference kernel beside them); {t.timings_retimed_quiet} that could be near their task's best "
-                      f"were timed again once it was quiet ({t.timings_still_slow} could not be)", markup=False,
+                      f"reference kernel beside them); {t.timings_retimed_quiet} were timed again "
+                      f"once it was quiet ({t.timings_still_slow} could not be)", markup=False,
                       soft_wrap=True)
         if t.timings_on_fewer_threads:
             out.print(f"{name}: {t.timings_on_fewer_threads} candidates were timed on fewer threads than the target's "

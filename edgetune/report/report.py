@@ -200,7 +200,7 @@ def _manifest_facts(manifest: Manifest, result: TargetResult) -> dict[str, Any]:
                                   f"{result.timings_remeasured}, of which stayed disturbed: "
                                   f"{result.timings_still_disturbed}"),
             ("timed on fewer threads", f"{result.timings_on_fewer_threads} (other programs held cores)"),
-            ("timed in slow windows", (f"{result.timings_in_slow_windows}; near the best, timed again once quiet: "
+            ("timed in slow windows", (f"{result.timings_in_slow_windows}; timed again once quiet: "
                                        f"{result.timings_retimed_quiet}; could not be: {result.timings_still_slow}")),
             ("trials per task", tuning.trials_per_task),
             ("time budget", f"{tuning.time_budget_min} min" if tuning.time_budget_min else "none"),

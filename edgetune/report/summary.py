@@ -47,9 +47,9 @@ class TargetResult(BaseModel):
     """Candidates timed while a reference kernel timed beside them ran well above its fastest time: the whole
     machine was slow, every run alike (tuning/slow_windows.py)..."""
     timings_retimed_quiet: int = 0
-    """...those of them that could be near their task's best, timed again once the machine read quiet..."""
+    """...those of them timed again once the machine read quiet (the lower of the two means is kept)..."""
     timings_still_slow: int = 0
-    """...and those that could be near the best but were not timed in a quiet window (the machine stayed slow)."""
+    """...and those not timed in a quiet window after all (the machine stayed slow)."""
     builds_cut: int = 0
     """Candidates whose build ran far longer than the rest of their batch, killed and recorded as failed."""
     tuning_stopped_by: list[str] = []

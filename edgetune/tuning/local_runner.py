@@ -75,7 +75,7 @@ class LocalCandidateRunner(PyRunner):
                 before_each(i)
             if threads is not None and threads < self.cpu_threads:
                 self.noise.counts.on_fewer_threads += 1
-            timed = Timed(None, reading_before=reading, best_s=self.noise.best_s, counts=self.noise.counts)
+            timed = Timed(None, reading_before=reading, counts=self.noise.counts)
             timed.seconds, timed.error = self._measure(runner_input, threads)
             reading = timed.reading_after = self._reading(threads)
             batch.append(timed)
@@ -96,7 +96,7 @@ class LocalCandidateRunner(PyRunner):
 
     def _again(self, runner_input: RunnerInput, threads: int | None, first: Timed) -> Timed:
         """A candidate timed once more, between two readings, counted into its first timing's task."""
-        again = Timed(None, reading_before=self._reading(threads), best_s=first.best_s, counts=first.counts)
+        again = Timed(None, reading_before=self._reading(threads), counts=first.counts)
         try:
             again.seconds = self._seconds(runner_input, threads)
         except Exception as exc:  # noqa: BLE001 (it failed this time, not before: the first timing stands)

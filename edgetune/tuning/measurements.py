@@ -61,8 +61,8 @@ class NoiseCounts:
     still_disturbed: int = 0  # ...and that no re-measurement gave undisturbed
     on_fewer_threads: int = 0  # candidates timed on fewer threads than the target's: other programs held cores
     slow_window: int = 0  # candidates timed while a reference kernel ran slow beside them (slow_windows.py)
-    slow_window_retimed: int = 0  # ...that could be near the best, so timed again once the machine read quiet
-    slow_window_still: int = 0  # ...that could be near the best and were not timed in a quiet window after all
+    slow_window_retimed: int = 0  # ...so timed again once the machine read quiet
+    slow_window_still: int = 0  # ...and not timed in a quiet window after all
 
     @classmethod
     def total(cls, counts: Iterable[NoiseCounts]) -> NoiseCounts:
