@@ -262,7 +262,10 @@ def _print_summary(result) -> None:
         for failure in t.tuning_failed:
             out.print(f"{name}: warning: tuning failed for task {failure}; it keeps its best schedule so far",
                       markup=False, soft_wrap=True)
-        if t.time_to_beat_reference_s is not None:
+        if t.time_to_beat_reference_s == 0.0:
+            out.print(f"{name}: faster than the reference before any tuning in this build, with the records it "
+                      "started from (estimated from its kernels' times)", markup=False, soft_wrap=True)
+        elif t.time_to_beat_reference_s is not None:
             out.print(f"{name}: faster than the reference after {t.time_to_beat_reference_s:.0f} s of tuning "
                       "(estimated from its kernels' times)", markup=False, soft_wrap=True)
         if t.timings_disturbed:

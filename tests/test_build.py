@@ -224,3 +224,9 @@ def test_interrupted_tuning_keeps_its_records_and_resumes(tmp_path) -> None:
     host = json.loads((tmp_path / "summary.json").read_text())["targets"]["host"]
     assert host["trials_total"] == 6
     assert host["trials_measured"] == 6 - len(kept) > 0
+    # the first batch commits its records together: the resumed build usually starts with every task's best,
+    # and then its curve starts there, before any tuning (not after its first round, as if it had tuned them)
+    every_task_had_records = all(task["trials"] > task["trials_measured_now"] for task in host["tasks"])
+    assert (host["tuning_curve"][0][0] == 0.0) == every_task_had_records, (host["tuning_curve"], host["tasks"])
+    if host["time_to_beat_reference_s"] == 0.0:
+        assert "before any tuning in this build" in run.stdout

@@ -62,12 +62,14 @@ class TargetResult(BaseModel):
     """Seconds of the tuning by phase (tuning.tune.TuningResult.phases_s): "first_batch", "first_fits",
     "reserve", "rounds"; a phase the build did not run is absent (none with tuning split into shards)."""
     tuning_curve: list[tuple[float, float]] = []
-    """(seconds of tuning, model milliseconds) after each round once every tuned task had a schedule: the
+    """(seconds of tuning, model milliseconds) after each round once every tuned task had a schedule, and at 0 s
+    when every task had one from the records the build started with (a resumed build): the
     tuned kernels' summed time (weight x best) plus the rest of the model's time, which is the measured
     tuned latency minus that sum at the end (see `anchor_tuning_curve`). An estimate between its ends."""
     time_to_beat_reference_s: float | None = None
     """Seconds of tuning until the curve first ran below the reference's (ONNX Runtime's) latency; None when
-    it never did, or when nothing was tuned or timed here."""
+    it never did, or when nothing was tuned or timed here; 0.0 when the records the build started with had
+    it faster before any tuning here."""
     tasks: list[dict[str, Any]] = []
     tasks_total: int = 0
     reused: bool = False  # inputs unchanged: the packaged artifact was kept

@@ -268,6 +268,9 @@ def tune(
     result.tasks = [TaskOutcome(t.name, t.weight, t.flops, done, 0, best_us(store, t),
                                 sibling_seeds=_seeds_waiting(plan, t, done)) for t, done in pending]
     curve: list[tuple[float, float]] = []
+    resumed = curve_point(result.tasks, started)
+    if resumed is not None:  # every task had a best from earlier builds: the curve starts there, at 0 s
+        curve.append((0.0, resumed[1]))
     runner = None  # no workers start when every task has its trials: a stop request then names no device
     with _stop_requests() as stop, ExitStack() as workers:
         if any(plan.trials_per_task > done for _, done in pending):
