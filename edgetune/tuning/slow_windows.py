@@ -23,12 +23,15 @@ import os
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from tvm.s_tir.meta_schedule.runner import RunnerInput, RunnerResult
 
 from edgetune.runtime import off_the_pool_threads_cores, use_cpu_threads
 from edgetune.tuning.measurements import FAILED, NoiseCounts, TimingNoise, mean_seconds
+
+if TYPE_CHECKING:
+    from tvm import IRModule
 
 SLOW_WINDOW = 1.5
 """A reference reading this many times the fastest one marks the candidate timed beside it as timed in a
@@ -47,7 +50,7 @@ _loaded: dict[str, tuple] = {}
 """In a worker: the reference module and its arguments, by path (loaded once per worker)."""
 
 
-def reference_module(n: int = _REFERENCE_SIZE):
+def reference_module(n: int = _REFERENCE_SIZE) -> IRModule:
     """The reference kernel: an n x n matmul, its rows split over the threads, its columns in vectors of 16."""
     from tvm import te
     from tvm.s_tir import Schedule
