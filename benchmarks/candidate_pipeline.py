@@ -16,6 +16,7 @@ The main process's schedule replays are not timed: each variant gets the same sc
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import statistics
 import sys
@@ -47,6 +48,18 @@ def replayed_records(store: Path, wanted: Callable[[int], bool] = lambda task: T
         schedule = Schedule(record.workload.mod)
         record.trace.apply_to_schedule(schedule, remove_postproc=False)
         yield task, schedule.mod
+
+
+def first_of_each_task(store: Path, per_task: int) -> list[tuple[int, object]]:
+    """The first `per_task` candidates the store's build measured of each task (`replayed_records`): a first
+    batch's drafts, or a sample of every task's early candidates."""
+    taken: collections.Counter = collections.Counter()
+
+    def wanted(task: int) -> bool:
+        taken[task] += 1
+        return taken[task] <= per_task
+
+    return list(replayed_records(store, wanted))
 
 
 def measured_modules(store: Path, count: int) -> tuple[list, object]:

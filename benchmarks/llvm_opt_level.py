@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e  # noqa: F401  (sets the thread counts first)
-from candidate_pipeline import replayed_records
+from candidate_pipeline import first_of_each_task
 
 
 def build_at_levels(modules: list[tuple[int, object]], levels: list[int], directory: Path
@@ -55,12 +55,13 @@ def time_all(modules: list[tuple[int, object]], levels: list[int], built: dict, 
 
     config = timing("cpu")
     means: dict[tuple[int, int], list[float]] = collections.defaultdict(list)
+    arguments = [tuple(info.as_json() for info in ArgInfo.from_entry_func(module, remove_preproc=True))
+                 for _, module in modules]
     for turn in range(rounds):
-        for position, (_, module) in enumerate(modules):
-            arguments = tuple(info.as_json() for info in ArgInfo.from_entry_func(module, remove_preproc=True))
+        for position in range(len(modules)):
             order = levels if (turn + position) % 2 == 0 else levels[::-1]
             for level in order:
-                seconds = time_candidate(config, built[position, level][0], "cpu", arguments, 2, 2)
+                seconds = time_candidate(config, built[position, level][0], "cpu", arguments[position], 2, 2)
                 means[position, level].append(statistics.fmean(seconds))
     return {key: statistics.median(values) for key, values in means.items()}
 
@@ -96,14 +97,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--opt-levels", type=int, nargs="+", default=[3, 2])
     args = parser.parse_args()
-    taken: collections.Counter = collections.Counter()
-
-    def wanted(task: int) -> bool:
-        taken[task] += 1
-        return taken[task] <= args.per_task
-
-    modules = list(replayed_records(args.store, wanted))
-    print(f"{len(modules)} candidates of {len(taken)} tasks", flush=True)
+    modules = first_of_each_task(args.store, args.per_task)
+    print(f"{len(modules)} candidates of {len({task for task, _ in modules})} tasks", flush=True)
     with tempfile.TemporaryDirectory(prefix="llvm-opt-level-") as directory:
         built = build_at_levels(modules, args.opt_levels, Path(directory))
         report(modules, args.opt_levels, built, time_all(modules, args.opt_levels, built, args.rounds))

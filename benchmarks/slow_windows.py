@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e  # noqa: F401  (sets the thread counts first)
 from busy_machine import HOG
-from candidate_pipeline import replayed_records
+from candidate_pipeline import first_of_each_task
 
 VARIANTS = ("idle", "burst", "burst-no-windows")
 
@@ -40,11 +40,8 @@ def first_batch(store: Path, per_task: int) -> tuple[list, list[int], object]:
     again from their traces), each one's task (by workload), and the target."""
     from edgetune.profiles import resolve_profile
 
-    modules, tasks = [], []
-    for task, module in replayed_records(store, wanted=lambda task: tasks.count(task) < per_task):
-        modules.append(module)
-        tasks.append(task)
-    return modules, tasks, resolve_profile("host", None).tvm_target()
+    records = first_of_each_task(store, per_task)
+    return [module for _, module in records], [task for task, _ in records], resolve_profile("host", None).tvm_target()
 
 
 def stopped_hogs(count: int) -> list[int]:
