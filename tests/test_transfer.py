@@ -362,34 +362,62 @@ def commit(store: RecordStore, task, traces, seconds: list[float]) -> None:
         store.database.commit_tuning_record(TuningRecord(trace, workload, [secs], tvm.target.Target(COMMIT_TARGET)))
 
 
-def test_single_threaded_sibling_schedules_give_way_to_parallel_ones_on_more_cores():
-    """A 1-core sibling's best can leave this device's other cores idle: its parallel seeds go first, and its
-    single-threaded ones are dropped where a parallel one exists (not on one core, nor when none is)."""
+def _scheduled_matmul(ways: int):
+    """A 64x64 matmul whose outer loop is split `ways` ways and run in parallel (1: single-threaded)."""
     import tvm
     from tvm import te
     from tvm.s_tir import Schedule
 
-    from edgetune.tuning.analyzer.tir import parallel_extent
-    from edgetune.tuning.search_strategy.seeded import _parallel_where_possible
-
     a = te.placeholder((64, 64), name="A")
     k = te.reduce_axis((0, 64), name="k")
     c = te.compute((64, 64), lambda i, j: te.sum(a[i, k] * a[k, j], axis=k), name="C")
-    mod = tvm.IRModule({"main": te.create_prim_func([a, c])})
+    sch = Schedule(tvm.IRModule({"main": te.create_prim_func([a, c])}))
+    i, _, _ = sch.get_loops(sch.get_sblock("C"))
+    if ways > 1:
+        outer, _ = sch.split(i, [ways, None])
+        sch.parallel(outer)
+    return sch
 
-    def scheduled(ways: int) -> Schedule:
-        sch = Schedule(mod)
-        i, _, _ = sch.get_loops(sch.get_sblock("C"))
-        if ways > 1:
-            outer, _ = sch.split(i, [ways, None])
-            sch.parallel(outer)
-        return sch
 
-    single, two, eight = scheduled(1), scheduled(2), scheduled(8)
-    assert [parallel_extent(s.mod) for s in (single, two, eight)] == [1, 2, 8]
-    assert _parallel_where_possible([single, two, eight], cores=2) == [two, eight]
-    assert _parallel_where_possible([single, two], cores=1) == [single, two]
-    assert _parallel_where_possible([single, single], cores=2) == [single, single]
+def test_single_threaded_sibling_schedules_give_way_to_parallel_ones_on_more_cores():
+    """A 1-core sibling's best can leave this device's other cores idle: its seeds that leave more cores idle
+    than another are dropped (single-threaded ones where a parallel one exists; 3 iterations on 2 cores where
+    one splits evenly), not on one core, nor when none is parallel."""
+    from edgetune.tuning.analyzer.tir import parallel_extent
+    from edgetune.tuning.search_strategy.seeded import _balanced_where_possible
+
+    single, two, three, eight = (_scheduled_matmul(ways) for ways in (1, 2, 3, 8))
+    assert [parallel_extent(s.mod) for s in (single, two, three, eight)] == [1, 2, 3, 8]
+    assert _balanced_where_possible([single, two, eight], cores=2) == [two, eight]
+    assert _balanced_where_possible([single, three, eight], cores=2) == [eight]  # 3 iterations leave a core idle
+    assert _balanced_where_possible([three, single], cores=2) == [three]  # none splits evenly: the busiest
+    assert _balanced_where_possible([single, two], cores=1) == [single, two]
+    assert _balanced_where_possible([single, single], cores=2) == [single, single]
+
+
+def test_the_first_batch_takes_the_best_ranked_sibling_schedule_that_splits_evenly_over_the_cores():
+    """A parallel loop of 3 iterations on 2 cores leaves one core waiting half the time: the first batch takes
+    the siblings' next schedule that splits evenly, without replaying the ones after it; where none does, the
+    best balanced, and on one core the siblings' best."""
+    from edgetune.tuning.analyzer.tir import core_balance
+    from edgetune.tuning.first_batch import first_balanced
+
+    assert [core_balance(extent, 2) for extent in (1, 2, 3, 8, 9)] == [0.5, 1.0, 0.75, 1.0, 0.9]
+    assert core_balance(3, 1) == 1.0
+    single, two, three, eight = (_scheduled_matmul(ways) for ways in (1, 2, 3, 8))
+    replayed: list[int] = []
+
+    def ranked(*schedules):
+        for rank, schedule in enumerate(schedules):
+            replayed.append(rank)
+            yield rank, schedule
+
+    assert first_balanced(ranked(single, three, eight, two), cores=2) == (2, eight)
+    assert replayed == [0, 1, 2]  # the fourth is not replayed
+    assert first_balanced(ranked(single, three), cores=2) == (1, three)
+    assert first_balanced(ranked(three, single, three), cores=2) == (0, three)
+    assert first_balanced(ranked(single, eight), cores=1) == (0, single)
+    assert first_balanced(ranked(), cores=2) is None
 
 
 def test_a_siblings_best_records_are_read_without_opening_its_whole_store(conv_sibling, tmp_path):

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
+from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult
 from tvm.s_tir.meta_schedule.database import TuningRecord
@@ -31,7 +32,7 @@ from tvm.s_tir.meta_schedule.runner import RunnerInput, RunnerResult
 from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 
 from edgetune.tuning.analyzer.space import replay
-from edgetune.tuning.analyzer.tir import parallel_extent
+from edgetune.tuning.analyzer.tir import BALANCED, core_balance, parallel_extent
 from edgetune.tuning.builder import STRAGGLER_ERROR
 from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.measurements import FAILED, WatchesTimingNoise, mean_seconds, measure_candidate
@@ -66,11 +67,9 @@ def first_seeds(tasks: list[TuningTask], outcomes: list[TaskOutcome], seeds: dic
                 target: tvm.target.Target, cores: int) -> list[tuple[int, ms.TuneContext, MeasureCandidate]]:
     """(position, context, candidate) of each task's first seed, for each task with seeds waiting.
 
-    The first seed is the siblings' best that replays and keeps this device's cores busy (else the one with
-    the most parallel iterations): a sibling with fewer cores had no use for a parallel loop, and its best
-    schedule of a convolution ran on one of this machine's two cores at twice the time of its next seed. It
-    is moved to the front of the task's seeds, so `SeededSearch` measures the others after it (and drops
-    single-threaded ones where a parallel one exists)."""
+    The first seed is the siblings' best that replays and keeps this device's cores evenly busy
+    (`first_balanced`). It is moved to the front of the task's seeds, so `SeededSearch` measures the others
+    after it (and drops those that leave more cores idle than another)."""
     chosen = []
     for position, (task, outcome) in enumerate(zip(tasks, outcomes)):
         traces = seeds.get(tvm_ffi.structural_hash(task.mod), [])
@@ -78,18 +77,34 @@ def first_seeds(tasks: list[TuningTask], outcomes: list[TaskOutcome], seeds: dic
             continue
         context = tuning_context(task, target, cores)
         postprocs = list(context.space_generator.postprocs)
-        replayed = []  # (position in traces, schedule, its parallel iterations)
-        for i, trace in enumerate(traces):
-            schedule = replay(task.mod, trace, postprocs, seed=1)
-            if schedule is not None:
-                replayed.append((i, schedule, parallel_extent(schedule.mod)))
-                if replayed[-1][2] >= cores:
-                    break
-        if replayed:  # the first to fill the cores, else the one that comes nearest
-            i, schedule, _ = max(replayed, key=lambda r: (min(r[2], cores), -r[0]))
+        replayed = ((i, replay(task.mod, trace, postprocs, seed=1)) for i, trace in enumerate(traces))
+        first = first_balanced(((i, schedule) for i, schedule in replayed if schedule is not None), cores)
+        if first is not None:
+            i, schedule = first
             traces.insert(0, traces.pop(i))
             chosen.append((position, context, measure_candidate(schedule)))
     return chosen
+
+
+def first_balanced(schedules: Iterable[tuple[int, Schedule]], cores: int) -> tuple[int, Schedule] | None:
+    """The first of the (rank, schedule) pairs whose parallel loop keeps the `cores` at least BALANCED busy
+    (`core_balance`), else the best balanced of them (the better ranked on a tie); None if there are none.
+
+    A sibling with fewer cores ranks its schedules without regard to how they split over this device's:
+    - a 1-core sibling's best schedule of a convolution (no parallel loop) ran on one of this machine's two cores
+      at twice the time of its next seed;
+    - its second-best of ResNet-18's 56x56 Winograd product (3 parallel iterations: 2 on one core, 1 on the
+      other) ran at 325 us on two cores where its fourth (42 iterations) ran at 200 us; that schedule also
+      took 4.3 s to build, against 0.2 s, and held up the whole first batch."""
+    seen = []  # (rank, schedule, balance)
+    for rank, schedule in schedules:
+        seen.append((rank, schedule, core_balance(parallel_extent(schedule.mod), cores)))
+        if seen[-1][2] >= BALANCED:
+            break
+    if not seen:
+        return None
+    rank, schedule, _ = max(seen, key=lambda s: (s[2], -s[0]))
+    return rank, schedule
 
 
 def measure_first_batch(tasks: list[TuningTask], outcomes: list[TaskOutcome], target: tvm.target.Target,

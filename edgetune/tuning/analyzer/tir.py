@@ -253,6 +253,17 @@ def parallel_extent(mod: tvm.IRModule) -> int:
     return extent
 
 
+BALANCED = 0.9
+"""A `core_balance` at which a parallel loop counts as keeping the cores busy: 9 iterations on 2 cores, not 7."""
+
+
+def core_balance(extent: int, cores: int) -> float:
+    """The share of `cores`' time a parallel loop of `extent` iterations keeps busy, each core running an equal
+    chunk of whole iterations: 1.0 where they split evenly, 0.75 for 3 on 2 cores (one core waits half the
+    time), 1 / cores for a single-threaded loop."""
+    return extent / (cores * math.ceil(extent / cores))
+
+
 def iter_kind(loop_var: tirx.Var, realize: s_tir.SBlockRealize) -> bool:
     """True if `loop_var` feeds a reduction iter var of the block."""
     for iv, value in zip(realize.block.iter_vars, realize.iter_values):

@@ -10,7 +10,7 @@ from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
 from tvm.s_tir.schedule import Trace
 
 from edgetune.tuning.analyzer.space import replay
-from edgetune.tuning.analyzer.tir import parallel_extent
+from edgetune.tuning.analyzer.tir import BALANCED, core_balance, parallel_extent
 from edgetune.tuning.measurements import FAILED, mean_seconds, measure_candidate
 from edgetune.tuning.transfer.siblings import TransferStats
 
@@ -22,8 +22,8 @@ class SeededSearch(PySearchStrategy):
     A round measures the seeds this build has not measured yet, best first, as many as its trials allow
     (a first pass cut to fit its share of the budget may give a task fewer), so a task's next round starts
     with the rest. Seeds are skipped when the device's store held records of the task before this
-    build touched it (a resumed build measured them already), and single-threaded ones where a parallel one
-    exists and the device has cores to share. `inner` gets the rest of the round's trials and sees the seeds'
+    build touched it (a resumed build measured them already), and those that leave cores idle where another
+    keeps them busier (`_balanced_where_possible`). `inner` gets the rest of the round's trials and sees the seeds'
     measurements in the database like any other record.
     """
 
@@ -51,7 +51,7 @@ class SeededSearch(PySearchStrategy):
                 if schedule is not None and tvm_ffi.structural_hash(schedule.mod) not in programs:
                     programs.add(tvm_ffi.structural_hash(schedule.mod))
                     self.queue.append(schedule)
-            self.queue = _parallel_where_possible(self.queue, int(self.context.num_threads))
+            self.queue = _balanced_where_possible(self.queue, int(self.context.num_threads))
         self.queue = self.queue[taken:][: int(max_trials)]
         self.seeding = False
         self.inner.pre_tuning(int(max_trials) - len(self.queue), num_trials_per_iter, design_spaces, database,
@@ -82,11 +82,11 @@ class SeededSearch(PySearchStrategy):
         return SeededSearch(self.inner.clone(), self.seeds, self.stats)
 
 
-def _parallel_where_possible(schedules: list[Schedule], cores: int) -> list[Schedule]:
-    """The schedules without the single-threaded ones, when the device has cores to share and a parallel one is
-    among them: a sibling with fewer cores ranks them well, but here they leave cores idle (a convolution's four
-    seeds from a 1-core sibling ran at 562, 618, 1070 and 1076 us on two cores, the last two single-threaded)."""
-    extents = [parallel_extent(s.mod) for s in schedules]
-    if cores < 2 or max(extents, default=1) < 2:
-        return schedules
-    return [s for s, extent in zip(schedules, extents) if extent > 1]
+def _balanced_where_possible(schedules: list[Schedule], cores: int) -> list[Schedule]:
+    """The schedules without those that leave more of the device's cores idle than another does, up to
+    BALANCED (`core_balance`): a sibling with fewer cores ranks them well, but here they leave cores idle (a
+    convolution's four seeds from a 1-core sibling ran at 562, 618, 1070 and 1076 us on two cores, the last two
+    single-threaded; a Winograd product's seed of 3 parallel iterations at 325 us, where one of 42 ran at 200)."""
+    balance = [core_balance(parallel_extent(s.mod), cores) for s in schedules]
+    enough = min(BALANCED, max(balance, default=0.0))
+    return [s for s, b in zip(schedules, balance) if b >= enough]
