@@ -292,7 +292,7 @@ def tune(
             task, outcome = tasks[position], result.tasks[position]
             if isinstance(cost_model, TransferCostModel) and not plan.siblings.prior_loaded and (
                     outcome.sibling_seeds or curve):
-                _load_prior(plan, tasks, target, cost_model, result.transfer)
+                _load_prior(plan, tasks, target, cost_model, result.transfer, builder.pool)
             try:
                 _tune_one(task, position + 1, len(tasks), trials, enough, target, store, plan, builder, runner,
                           cost_model, outcome, progress, started, stop, logs_dir or store.directory / "logs",
@@ -411,12 +411,13 @@ def _batch_measured(store: RecordStore, plan: TuningPlan, progress: ProgressFn |
 
 
 def _load_prior(plan: TuningPlan, tasks: list[TuningTask], target: tvm.target.Target, cost_model: TransferCostModel,
-                stats: TransferStats) -> None:
-    """The siblings' prior (9 s of replaying and featurizing their records for a ResNet-18), loaded once every
-    task has a schedule: before the first round of a task with sibling schedules, or once the tasks without any
-    (another algorithm was chosen for the sibling: its Winograd and direct convolutions differ) had theirs.
-    Those rounds search as from scratch, with this device's own model; the rounds after use the prior."""
-    plan.siblings.load_prior(tasks, target, plan.cores)
+                stats: TransferStats, pool: WorkerPool) -> None:
+    """The siblings' prior (14 s of replaying and featurizing a ResNet-18 sibling's records, read on the tuning's
+    idle workers), loaded once every task has a schedule: before the first round of a task with sibling
+    schedules, or once the tasks without any (another algorithm was chosen for the sibling: its Winograd and
+    direct convolutions differ) had theirs. Those rounds search as from scratch, with this device's own model;
+    the rounds after use the prior."""
+    plan.siblings.load_prior(tasks, target, plan.cores, pool)
     cost_model.adopt_prior(plan.siblings)
     stats.sibling_records = plan.siblings.records_used
 

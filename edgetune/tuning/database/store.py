@@ -270,6 +270,10 @@ class RecordStore:
         return [self.directory / WORKLOAD_FILE, self.directory / RECORD_FILE]
 
 
+StoredRecords = tuple[Workload, list[list]]
+"""A task's workload and some of its records as their JSON values (`RankedStore.best_json`)."""
+
+
 class RankedStore:
     """A store read for its best records only (a sibling's, for transfer): its lines parsed as JSON, TVM
     reading just the records asked for. TVM's own database replays the trace of every record as it opens a
@@ -292,14 +296,19 @@ class RankedStore:
 
     def best(self, task: TuningTask, count: int) -> list[TuningRecord]:
         """The task's `count` fastest records that ran, fastest first (none when the store never measured it)."""
+        found = self.best_json(task, count)
+        return [] if found is None else [TuningRecord.from_json(line, found[0]) for line in found[1]]
+
+    def best_json(self, task: TuningTask, count: int) -> StoredRecords | None:
+        """`best` as stored, unread by TVM (reading a record replays its trace): the task's workload and the
+        records' JSON values, for a worker to read; None when the store never measured the task."""
         if not self._equal.has_workload(task.mod):
-            return []
+            return None
         workload = self._equal.commit_workload(task.mod)
         index = next((i for i, w in enumerate(self._committed) if w.same_as(workload)), None)
-        if index is None:
-            return []
-        return [TuningRecord.from_json(record, self._workloads[index])
-                for _, record in self._ranked.get(index, [])[:count]]
+        if index is None or index not in self._ranked:
+            return None
+        return self._workloads[index], [record for _, record in self._ranked[index][:count]]
 
 
 @dataclass
