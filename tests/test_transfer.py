@@ -445,3 +445,24 @@ def test_a_siblings_best_records_are_read_without_opening_its_whole_store(conv_s
     data = te.placeholder((1, 8, 8, 8), name="data")
     other = TuningTask("other", tvm.IRModule({"main": te.create_prim_func([data, topi.nn.relu(data)])}), 1, 1.0)
     assert RankedStore(copy).best(other, 5) == []
+
+
+def test_a_sibling_seed_is_read_when_first_replayed_and_one_tvm_cannot_read_replays_to_nothing(conv_sibling):
+    """Seeds are loaded unread; each is read (TVM replays its trace) when the first batch or its task's round
+    replays it, and a record that parses as JSON but not as TVM's (a trace naming an instruction no TVM knows)
+    gives no schedule instead of stopping the build."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from edgetune.tuning.transfer.siblings import SiblingSeed, load_sibling_seeds, tuning_context
+
+    task, profile, sibling = conv_sibling
+    seeds = load_sibling_seeds({"sibling": sibling.directory}, [task]).seeds
+    (task_seeds,) = seeds.values()
+    assert task_seeds and all(seed._trace is None for seed in task_seeds)
+    postprocs = list(tuning_context(task, profile.tvm_target(), 2).space_generator.postprocs)
+    schedule = task_seeds[0].replay(task.mod, postprocs, seed=1)
+    assert schedule is not None and task_seeds[0]._trace is not None and task_seeds[1]._trace is None
+    assert isinstance(schedule.mod, type(task.mod)) and ms.arg_info.ArgInfo.from_entry_func(schedule.mod)
+    workload, record = task_seeds[0].workload, list(task_seeds[0].record)
+    record[0] = [[["NoSuchInstruction", [], [], ["b0"]]], []]
+    assert SiblingSeed(workload, record).replay(task.mod, postprocs, seed=1) is None

@@ -31,7 +31,6 @@ from tvm.s_tir.meta_schedule.database import TuningRecord
 from tvm.s_tir.meta_schedule.runner import RunnerInput, RunnerResult
 from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 
-from edgetune.tuning.analyzer.space import replay
 from edgetune.tuning.analyzer.tir import BALANCED, core_balance, parallel_extent
 from edgetune.tuning.builder import STRAGGLER_ERROR
 from edgetune.tuning.database.store import RecordStore
@@ -39,7 +38,7 @@ from edgetune.tuning.measurements import FAILED, WatchesTimingNoise, mean_second
 from edgetune.tuning.slow_windows import TimesInWindows
 from edgetune.tuning.task_scheduler import TaskOutcome
 from edgetune.tuning.tasks import TuningTask
-from edgetune.tuning.transfer.siblings import TransferStats, tuning_context
+from edgetune.tuning.transfer.siblings import SiblingSeed, TransferStats, tuning_context
 
 _FAILED_RUN_SECS = [1e10]
 """What MetaSchedule records for a candidate that failed to build or run (its AddToDatabase callback)."""
@@ -63,7 +62,7 @@ class FirstMeasured:
         return mean_seconds(self.result.run_secs) if self.result.error_msg is None else FAILED
 
 
-def first_seeds(tasks: list[TuningTask], outcomes: list[TaskOutcome], seeds: dict[int, list],
+def first_seeds(tasks: list[TuningTask], outcomes: list[TaskOutcome], seeds: dict[int, list[SiblingSeed]],
                 target: tvm.target.Target, cores: int) -> list[tuple[int, ms.TuneContext, MeasureCandidate]]:
     """(position, context, candidate) of each task's first seed, for each task with seeds waiting.
 
@@ -72,16 +71,16 @@ def first_seeds(tasks: list[TuningTask], outcomes: list[TaskOutcome], seeds: dic
     after it (and drops those that leave more cores idle than another)."""
     chosen = []
     for position, (task, outcome) in enumerate(zip(tasks, outcomes)):
-        traces = seeds.get(tvm_ffi.structural_hash(task.mod), [])
-        if outcome.sibling_seeds == 0 or not traces:
+        task_seeds = seeds.get(tvm_ffi.structural_hash(task.mod), [])
+        if outcome.sibling_seeds == 0 or not task_seeds:
             continue
         context = tuning_context(task, target, cores)
         postprocs = list(context.space_generator.postprocs)
-        replayed = ((i, replay(task.mod, trace, postprocs, seed=1)) for i, trace in enumerate(traces))
+        replayed = ((i, seed.replay(task.mod, postprocs, seed=1)) for i, seed in enumerate(task_seeds))
         first = first_balanced(((i, schedule) for i, schedule in replayed if schedule is not None), cores)
         if first is not None:
             i, schedule = first
-            traces.insert(0, traces.pop(i))
+            task_seeds.insert(0, task_seeds.pop(i))
             chosen.append((position, context, measure_candidate(schedule)))
     return chosen
 
@@ -109,7 +108,7 @@ def first_balanced(schedules: Iterable[tuple[int, Schedule]], cores: int) -> tup
 
 def measure_first_batch(tasks: list[TuningTask], outcomes: list[TaskOutcome], target: tvm.target.Target,
                         store: RecordStore, builder: ms.builder.Builder, runner: ms.runner.Runner,
-                        seeds: dict[int, list], stats: TransferStats | None, cores: int,
+                        seeds: dict[int, list[SiblingSeed]], stats: TransferStats | None, cores: int,
                         on_measured: Callable[[FirstMeasured], None], drafts: DraftFn | None = None) -> None:
     """Every task's first seed (`seeds`: none without siblings) and the `drafts` of the tasks without a
     schedule or a seed: built together, timed one by one, each committed to the store (a failed one as

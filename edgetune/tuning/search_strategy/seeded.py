@@ -7,12 +7,10 @@ import tvm_ffi
 from tvm.ir.utils import derived_object
 from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
-from tvm.s_tir.schedule import Trace
 
-from edgetune.tuning.analyzer.space import replay
 from edgetune.tuning.analyzer.tir import BALANCED, core_balance, parallel_extent
 from edgetune.tuning.measurements import FAILED, mean_seconds, measure_candidate
-from edgetune.tuning.transfer.siblings import TransferStats
+from edgetune.tuning.transfer.siblings import SiblingSeed, TransferStats
 
 
 @derived_object
@@ -27,7 +25,7 @@ class SeededSearch(PySearchStrategy):
     measurements in the database like any other record.
     """
 
-    def __init__(self, inner, seeds: dict[int, list[Trace]], stats: TransferStats):
+    def __init__(self, inner, seeds: dict[int, list[SiblingSeed]], stats: TransferStats):
         self.inner = inner
         self.seeds = seeds
         self.stats = stats
@@ -46,8 +44,8 @@ class SeededSearch(PySearchStrategy):
         if not resumed and taken < len(seeds):
             postprocs = list(self.context.space_generator.postprocs)
             programs: set[int] = set()
-            for i, trace in enumerate(seeds):
-                schedule = replay(mod, trace, postprocs, seed=i + 1)
+            for i, seed in enumerate(seeds):
+                schedule = seed.replay(mod, postprocs, seed=i + 1)
                 if schedule is not None and tvm_ffi.structural_hash(schedule.mod) not in programs:
                     programs.add(tvm_ffi.structural_hash(schedule.mod))
                     self.queue.append(schedule)
