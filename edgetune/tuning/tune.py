@@ -291,7 +291,7 @@ def tune(
         def measure_round(position: int, trials: int, enough: int) -> None:
             task, outcome = tasks[position], result.tasks[position]
             if isinstance(cost_model, TransferCostModel) and not plan.siblings.prior_loaded and (
-                    outcome.sibling_seeds or curve):
+                    outcome.sibling_seeds or outcome.last_round_s > 0):
                 _load_prior(plan, tasks, target, cost_model, result.transfer, builder.pool)
             try:
                 _tune_one(task, position + 1, len(tasks), trials, enough, target, store, plan, builder, runner,
@@ -413,10 +413,12 @@ def _batch_measured(store: RecordStore, plan: TuningPlan, progress: ProgressFn |
 def _load_prior(plan: TuningPlan, tasks: list[TuningTask], target: tvm.target.Target, cost_model: TransferCostModel,
                 stats: TransferStats, pool: WorkerPool) -> None:
     """The siblings' prior (14 s of replaying and featurizing a ResNet-18 sibling's records, read on the tuning's
-    idle workers), loaded once every task has a schedule: before the first round of a task with sibling
-    schedules, or once the tasks without any (another algorithm was chosen for the sibling: its Winograd and
-    direct convolutions differ) had theirs. Those rounds search as from scratch, with this device's own model;
-    the rounds after use the prior."""
+    idle workers), loaded before the first round of a task with sibling schedules, or before the second round of
+    a task without any (another algorithm was chosen for the sibling: its Winograd and direct convolutions
+    differ). Those tasks' first rounds search as from scratch, with this device's own model, and do not wait
+    for records the siblings have none of: a ResNet-18's heaviest task is one of them, and its two first drafts
+    (945-1124 us, where its first round reached 620-690) held the model at ONNX Runtime's time until its first
+    round ended, 12 s after the first batch, 7 of them reading the prior. The rounds after use the prior."""
     plan.siblings.load_prior(tasks, target, plan.cores, pool)
     cost_model.adopt_prior(plan.siblings)
     stats.sibling_records = plan.siblings.records_used
