@@ -486,7 +486,7 @@ def test_a_sibling_seed_is_read_when_first_replayed_and_one_tvm_cannot_read_repl
     gives no schedule instead of stopping the build."""
     from tvm.s_tir import meta_schedule as ms
 
-    from edgetune.tuning.transfer.siblings import SiblingSeed, load_sibling_seeds, tuning_context
+    from edgetune.tuning.transfer.siblings import SiblingSchedule, load_sibling_seeds, tuning_context
 
     task, profile, sibling = conv_sibling
     seeds = load_sibling_seeds({"sibling": sibling.directory}, [task]).seeds
@@ -498,4 +498,4 @@ def test_a_sibling_seed_is_read_when_first_replayed_and_one_tvm_cannot_read_repl
     assert isinstance(schedule.mod, type(task.mod)) and ms.arg_info.ArgInfo.from_entry_func(schedule.mod)
     workload, record = task_seeds[0].workload, list(task_seeds[0].record)
     record[0] = [[["NoSuchInstruction", [], [], ["b0"]]], []]
-    assert SiblingSeed(workload, record).replay(task.mod, postprocs, seed=1) is None
+    assert SiblingSchedule(workload, record).replay(task.mod, postprocs, seed=1) is None

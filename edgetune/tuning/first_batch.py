@@ -38,7 +38,7 @@ from edgetune.tuning.measurements import FAILED, WatchesTimingNoise, mean_second
 from edgetune.tuning.slow_windows import TimesInWindows
 from edgetune.tuning.task_scheduler import TaskOutcome
 from edgetune.tuning.tasks import TuningTask
-from edgetune.tuning.transfer.siblings import SiblingSeed, TransferStats, tuning_context
+from edgetune.tuning.transfer.siblings import SiblingSchedule, TransferStats, tuning_context
 
 _FAILED_RUN_SECS = [1e10]
 """What MetaSchedule records for a candidate that failed to build or run (its AddToDatabase callback)."""
@@ -62,7 +62,7 @@ class FirstMeasured:
         return mean_seconds(self.result.run_secs) if self.result.error_msg is None else FAILED
 
 
-def first_seeds(tasks: list[TuningTask], outcomes: list[TaskOutcome], seeds: dict[int, list[SiblingSeed]],
+def first_seeds(tasks: list[TuningTask], outcomes: list[TaskOutcome], seeds: dict[int, list[SiblingSchedule]],
                 target: tvm.target.Target, cores: int) -> list[tuple[int, ms.TuneContext, MeasureCandidate]]:
     """(position, context, candidate) of each task's first seed, for each task with seeds waiting.
 
@@ -92,9 +92,9 @@ def first_balanced(schedules: Iterable[tuple[int, Schedule]], cores: int) -> tup
     A sibling with fewer cores ranks its schedules without regard to how they split over this device's:
     - a 1-core sibling's best schedule of a convolution (no parallel loop) ran on one of this machine's two cores
       at twice the time of its next seed;
-    - its second-best of ResNet-18's 56x56 Winograd product (3 parallel iterations: 2 on one core, 1 on the
-      other) ran at 325 us on two cores where its fourth (42 iterations) ran at 200 us; that schedule also
-      took 4.3 s to build, against 0.2 s, and held up the whole first batch."""
+    - of its four best of ResNet-18's 56x56 Winograd product, the first two are single-threaded and the third
+      (3 parallel iterations: 2 on one core, 1 on the other) ran at 325 us on two cores, where the fourth (42
+      iterations) ran at 200 us; the third also took 4.3 s to build, against 0.2 s, and held up the whole batch."""
     seen = []  # (rank, schedule, balance)
     for rank, schedule in schedules:
         seen.append((rank, schedule, core_balance(parallel_extent(schedule.mod), cores)))
@@ -108,7 +108,7 @@ def first_balanced(schedules: Iterable[tuple[int, Schedule]], cores: int) -> tup
 
 def measure_first_batch(tasks: list[TuningTask], outcomes: list[TaskOutcome], target: tvm.target.Target,
                         store: RecordStore, builder: ms.builder.Builder, runner: ms.runner.Runner,
-                        seeds: dict[int, list[SiblingSeed]], stats: TransferStats | None, cores: int,
+                        seeds: dict[int, list[SiblingSchedule]], stats: TransferStats | None, cores: int,
                         on_measured: Callable[[FirstMeasured], None], drafts: DraftFn | None = None) -> None:
     """Every task's first seed (`seeds`: none without siblings) and the `drafts` of the tasks without a
     schedule or a seed: built together, timed one by one, each committed to the store (a failed one as

@@ -10,7 +10,7 @@ from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
 
 from edgetune.tuning.analyzer.tir import BALANCED, core_balance, parallel_extent
 from edgetune.tuning.measurements import FAILED, mean_seconds, measure_candidate
-from edgetune.tuning.transfer.siblings import SiblingSeed, TransferStats
+from edgetune.tuning.transfer.siblings import SiblingSchedule, TransferStats
 
 
 @derived_object
@@ -25,7 +25,7 @@ class SeededSearch(PySearchStrategy):
     measurements in the database like any other record.
     """
 
-    def __init__(self, inner, seeds: dict[int, list[SiblingSeed]], stats: TransferStats):
+    def __init__(self, inner, seeds: dict[int, list[SiblingSchedule]], stats: TransferStats):
         self.inner = inner
         self.seeds = seeds
         self.stats = stats

@@ -44,11 +44,11 @@ PRIOR_RECORDS_PER_TASK = 128
 """Best records per sibling and task the prior is trained on."""
 
 
-class SiblingSeed:
-    """One of a task's sibling schedules: a stored record, read by TVM (which replays its trace to read it) only
-    when it is first replayed. The first batch replays one or two of a task's four, the rest wait for the task's
-    round: loading a ResNet-18 sibling's 56 seeds, before anything is measured, took 0.87 s when each was read
-    at once, 0.56 s now."""
+class SiblingSchedule:
+    """One of a sibling's measured schedules of a task: its stored record, read by TVM (which replays its trace
+    to read it) only when it is first replayed. Of a task's four seeds the first batch replays one or two, the
+    rest wait for the task's round: loading a ResNet-18 sibling's 56 seeds, before anything is measured, took
+    0.87 s when each was read at once, 0.56 s now."""
 
     def __init__(self, workload: Workload, record: list) -> None:
         self.workload = workload
@@ -77,7 +77,7 @@ class SiblingRecords:
 
     sources: list[str]
     groups: Groups = field(default_factory=dict)  # prior's training data, per sibling and task
-    seeds: dict[int, list[SiblingSeed]] = field(default_factory=dict)  # task workload hash -> seeds, best first
+    seeds: dict[int, list[SiblingSchedule]] = field(default_factory=dict)  # task workload hash -> seeds, best first
     records_used: int = 0
     stores: Mapping[str, RankedStore] = field(default_factory=dict)  # where the prior is read from
     prior_loaded: bool = False
@@ -90,8 +90,9 @@ class SiblingRecords:
                    pool: WorkerPool | None = None) -> None:
         """Feature rows for the prior: each sibling's best records of each task replayed on this target and
         featurized as this device's candidates are; once. With a `pool` (the tuning's idle workers), each task's
-        records are read on a worker: 14 s in this process for a 1-core ResNet-18 sibling's 410 records (a third
-        reading the records, which replays their traces; half replaying them again with postprocessing)."""
+        records are read on a worker: 12.9-14 s in this process for a 1-core ResNet-18 sibling's 410 records (two
+        fifths TVM reading them, which replays each trace; nearly half replaying them again with postprocessing;
+        a tenth their features), 7.4 s on two workers."""
         if self.prior_loaded:
             return
         self.prior_loaded = True
@@ -111,18 +112,17 @@ class SiblingRecords:
 def prior_rows(task: TuningTask, records: StoredRecords, target: tvm.target.Target,
                num_threads: int) -> tuple[list, list[float]]:
     """A task's feature rows and seconds from a sibling's records of it (`RankedStore.best_json`): each record
-    replayed on `target` (those that do not replay are left out) and featurized as this device's candidates
-    are. Runs on a worker of the tuning's pool, or here."""
+    replayed on `target` (those TVM cannot read or replay are left out) and featurized as this device's
+    candidates are. Runs on a worker of the tuning's pool, or here."""
     workload, lines = records
     context = tuning_context(task, target, num_threads)
     postprocs = list(context.space_generator.postprocs)
     schedules, costs = [], []
     for i, line in enumerate(lines):
-        record = TuningRecord.from_json(line, workload)
-        schedule = replay(task.mod, record.trace, postprocs, seed=i + 1)
+        schedule = SiblingSchedule(workload, line).replay(task.mod, postprocs, seed=i + 1)
         if schedule is not None:
             schedules.append(schedule)
-            costs.append(mean_seconds(record.run_secs))
+            costs.append(mean_seconds(line[1]))
     if not schedules:
         return [], []
     featurizer = RankingCostModel(num_threads=num_threads)
@@ -146,13 +146,13 @@ def load_sibling_seeds(siblings: Mapping[str, Path], tasks: list[TuningTask]) ->
     stores = {name: RankedStore(directory) for name, directory in siblings.items()}
     result = SiblingRecords(sources=list(siblings), stores=stores)
     for task in tasks:
-        ranked: list[tuple[float, SiblingSeed]] = []
+        ranked: list[tuple[float, SiblingSchedule]] = []
         for store in stores.values():
             found = store.best_json(task, SEEDS_PER_TASK)
             if found is not None:
                 workload, records = found
                 best = max(mean_seconds(records[0][1]), 1e-12)  # a 0 s record must not divide by zero
-                ranked += [(mean_seconds(r[1]) / best, SiblingSeed(workload, r)) for r in records]
+                ranked += [(mean_seconds(r[1]) / best, SiblingSchedule(workload, r)) for r in records]
         ranked.sort(key=lambda pair: pair[0])
         result.seeds[tvm_ffi.structural_hash(task.mod)] = [seed for _, seed in ranked[:SEEDS_PER_TASK]]
     return result
