@@ -73,7 +73,8 @@ class SiblingRecords:
     The seeds are each sibling's few best records, read alone (`RankedStore`): cheap, so the seeds can be
     measured before anything else. The prior's rows read, replay and featurize up to PRIOR_RECORDS_PER_TASK
     records per sibling and task (14 s for a 1-core ResNet-18 sibling's 410 records, in one process):
-    `load_prior` reads them once every task has a schedule, inside the tuning's clock."""
+    `load_prior` reads them after the first batch, before the first round of a task the siblings measured
+    (`tune._load_prior`), inside the tuning's clock."""
 
     sources: list[str]
     groups: Groups = field(default_factory=dict)  # prior's training data, per sibling and task
