@@ -460,6 +460,7 @@ def test_a_siblings_best_records_are_read_without_opening_its_whole_store(conv_s
 
     import tvm
     from tvm import te, topi
+    from tvm.s_tir.meta_schedule.database import TuningRecord
 
     from edgetune.tuning.database.store import RECORD_FILE, RankedStore
     from edgetune.tuning.measurements import FAILED, mean_seconds
@@ -472,12 +473,13 @@ def test_a_siblings_best_records_are_read_without_opening_its_whole_store(conv_s
         records.write('[0, [["cut short\n')
     workload = sibling.database.commit_workload(task.mod)
     expected = [r for r in sibling.database.get_top_k(workload, 100) if mean_seconds(r.run_secs) < FAILED][:5]
-    best = RankedStore(copy).best(task, 5)
+    stored, lines = RankedStore(copy).best_json(task, 5)
+    best = [TuningRecord.from_json(line, stored) for line in lines]
     assert [mean_seconds(r.run_secs) for r in best] == [mean_seconds(r.run_secs) for r in expected]
     assert [str(r.trace) for r in best] == [str(r.trace) for r in expected]
     data = te.placeholder((1, 8, 8, 8), name="data")
     other = TuningTask("other", tvm.IRModule({"main": te.create_prim_func([data, topi.nn.relu(data)])}), 1, 1.0)
-    assert RankedStore(copy).best(other, 5) == []
+    assert RankedStore(copy).best_json(other, 5) is None
 
 
 def test_a_sibling_seed_is_read_when_first_replayed_and_one_tvm_cannot_read_replays_to_nothing(conv_sibling):

@@ -412,10 +412,10 @@ def _batch_measured(store: RecordStore, plan: TuningPlan, progress: ProgressFn |
 
 def _load_prior(plan: TuningPlan, tasks: list[TuningTask], target: tvm.target.Target, cost_model: TransferCostModel,
                 stats: TransferStats, pool: WorkerPool) -> None:
-    """The siblings' prior (14 s of replaying and featurizing a ResNet-18 sibling's records, read on the tuning's
-    idle workers), loaded before the first round of a task with sibling schedules, or before the second round of
-    a task without any (another algorithm was chosen for the sibling: its Winograd and direct convolutions
-    differ). Those tasks' first rounds search as from scratch, with this device's own model, and do not wait
+    """The siblings' prior (replaying and featurizing a 1-core ResNet-18 sibling's 410 records: 7.4 s on the
+    tuning's two idle workers, 12.9 s in this process), loaded before the first round of a task with sibling
+    schedules, or before the second round of a task without any (another algorithm was chosen for the sibling:
+    its Winograd and direct convolutions differ). Those tasks' first rounds search as from scratch, with this device's own model, and do not wait
     for records the siblings have none of: a ResNet-18's heaviest task is one of them, and its two first drafts
     (945-1124 us, where its first round reached 620-690) held the model at ONNX Runtime's time until its first
     round ended, 12 s after the first batch, 7 of them reading the prior. The rounds after use the prior."""

@@ -275,10 +275,10 @@ StoredRecords = tuple[Workload, list[list]]
 
 
 class RankedStore:
-    """A store read for its best records only (a sibling's, for transfer): its lines parsed as JSON, TVM
-    reading just the records asked for. TVM's own database replays the trace of every record as it opens a
-    store: 6.6 s for a 10-minute ResNet-18 sibling's 561, where the seeds need four per task. Damaged lines
-    are skipped, as everywhere."""
+    """A store read for its best records only (a sibling's, for transfer): its lines parsed as JSON, and left for
+    the caller to have TVM read the records it uses. TVM's own database replays the trace of every record as it
+    opens a store: 6.6 s for a 10-minute ResNet-18 sibling's 561, where the seeds need four per task. Damaged
+    lines are skipped, as everywhere."""
 
     def __init__(self, directory: Path):
         scan = scan_store(directory)
@@ -294,14 +294,10 @@ class RankedStore:
         for records in self._ranked.values():
             records.sort(key=lambda pair: pair[0])
 
-    def best(self, task: TuningTask, count: int) -> list[TuningRecord]:
-        """The task's `count` fastest records that ran, fastest first (none when the store never measured it)."""
-        found = self.best_json(task, count)
-        return [] if found is None else [TuningRecord.from_json(line, found[0]) for line in found[1]]
-
     def best_json(self, task: TuningTask, count: int) -> StoredRecords | None:
-        """`best` as stored, unread by TVM (reading a record replays its trace): the task's workload and the
-        records' JSON values, for a worker to read; None when the store never measured the task."""
+        """The task's `count` fastest records that ran, fastest first, as stored and unread by TVM (reading a
+        record replays its trace, `TuningRecord.from_json`): the task's workload and the records' JSON values;
+        None when the store never measured the task."""
         if not self._equal.has_workload(task.mod):
             return None
         workload = self._equal.commit_workload(task.mod)
