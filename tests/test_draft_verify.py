@@ -247,6 +247,36 @@ def test_a_build_from_scratch_gives_every_task_the_analyzers_best_drafts_in_one_
     assert stock.read_log()[0]["measured"] > 1
 
 
+def test_the_first_drafts_made_on_the_tunings_workers_are_those_made_here():
+    """A MobileNet-V2's 34 tasks took 21 s to draft in the main process, on one of two cores, while the workers
+    waited: each task is now drafted on a worker. The drafts come back as traces, replayed here: the same
+    programs as drafted in this process, with the search's counts, in the order of the positions asked for."""
+    from edgetune.tuning.tasks import TuningTask
+    from edgetune.tuning.task_scheduler import TaskOutcome
+    from edgetune.tuning.tune import FIRST_DRAFTS, TuningResult, _first_drafts
+    from edgetune.tuning.worker_pool import WorkerPool
+
+    profile = load_profile("host")
+    tasks = [TuningTask(f"matmul{n}", matmul(n), 1, 2.0 * n ** 3) for n in (64, 96, 128)]
+    plan = TuningPlan(8, None, "draft-verify", 0, 2, profile.hardware, profile.device, profile.isa)
+
+    def drafted(pool):
+        result = TuningResult(tasks=[TaskOutcome(t.name, 1, t.flops, 0, 0, None) for t in tasks])
+        drafts = _first_drafts(tasks, result, profile.tvm_target(), plan, pool)
+        return [(p, [tvm_ffi.structural_hash(c.sch.mod) for c in candidates])
+                for p, _, candidates in drafts([2, 0])], [o.search.drafted for o in result.tasks]
+
+    pool = WorkerPool(2, None)
+    try:
+        on_workers, counted = drafted(pool)
+    finally:
+        pool.shutdown()
+    here, counted_here = drafted(None)
+    assert on_workers == here and [p for p, _ in here] == [2, 0]
+    assert all(len(set(programs)) == FIRST_DRAFTS for _, programs in here)
+    assert counted == counted_here and counted[0] > 0 and counted[2] > 0 and counted[1] == 0
+
+
 @pytest.mark.slow
 def test_the_tuning_says_how_long_each_of_its_phases_took(tmp_path):
     """A busy build once measured nothing for about 350 s after its first batch, and its summary said only that

@@ -44,8 +44,9 @@ _FAILED_RUN_SECS = [1e10]
 """What MetaSchedule records for a candidate that failed to build or run (its AddToDatabase callback)."""
 
 
-DraftFn = Callable[[int], tuple[ms.TuneContext, list[MeasureCandidate]] | None]
-"""A task's (by position) first drafts and their context, for a task without a sibling's seed; None: none."""
+DraftFn = Callable[[list[int]], list[tuple[int, ms.TuneContext, list[MeasureCandidate]]]]
+"""The first drafts of the tasks at these positions (those without a sibling's seed): (position, context, drafts)
+of each task drafted, in order; a task the analyzer could not draft is left out."""
 
 
 @dataclass
@@ -162,12 +163,9 @@ def _drafts_of_the_rest(outcomes: list[TaskOutcome], drafts: DraftFn) -> list[tu
                                                                                    MeasureCandidate]]:
     """The drafts of each task with no schedule yet and no sibling seed waiting (so a candidate of the batch is
     a sibling's seed exactly when its task has seeds waiting)."""
-    chosen = []
-    for position, outcome in enumerate(outcomes):
-        if outcome.best_us is None and outcome.sibling_seeds == 0 and (drafted := drafts(position)) is not None:
-            context, candidates = drafted
-            chosen += [(position, context, candidate) for candidate in candidates]
-    return chosen
+    rest = [p for p, outcome in enumerate(outcomes) if outcome.best_us is None and outcome.sibling_seeds == 0]
+    return [(position, context, candidate) for position, context, candidates in drafts(rest)
+            for candidate in candidates]
 
 
 def _count(outcome: TaskOutcome, task: str, seconds: float, stats: TransferStats | None) -> None:

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import Trace
@@ -61,9 +63,29 @@ class UnsupportedSpace(Exception):
 
 def replay(mod: tvm.IRModule, trace: Trace, postprocs, seed: int) -> Schedule | None:
     """`trace` applied to `mod` and checked by the target's postprocessors; None if rejected."""
+    return _postprocessed(mod, lambda sch: trace.apply_to_schedule(sch, remove_postproc=True), postprocs, seed)
+
+
+def trace_text(trace: Trace) -> str:
+    """A trace (its decisions included, its postprocessing left out) as text that crosses processes: a Trace
+    itself pickles, but the unpickled one crashed TVM."""
+    return str(_TO_JSON_GRAPH(trace.as_json(remove_postproc=True), None))
+
+
+def replay_text(mod: tvm.IRModule, text: str, postprocs, seed: int) -> Schedule | None:
+    """A trace written by `trace_text` replayed as `replay` does; None if rejected."""
+    return _postprocessed(mod, lambda sch: Trace.apply_json_to_schedule(_FROM_JSON_GRAPH(text), sch), postprocs,
+                          seed)
+
+
+_TO_JSON_GRAPH = tvm_ffi.get_global_func("ffi.ToJSONGraphString")
+_FROM_JSON_GRAPH = tvm_ffi.get_global_func("ffi.FromJSONGraphString")
+
+
+def _postprocessed(mod: tvm.IRModule, apply: Callable[[Schedule], None], postprocs, seed: int) -> Schedule | None:
     sch = Schedule(mod, seed=seed % 2_147_483_646 + 1, debug_mask=0)
     try:
-        trace.apply_to_schedule(sch, remove_postproc=True)
+        apply(sch)
         # As MetaSchedule does: the trace marks where postprocessing began, so whoever replays the
         # measured trace (evolution from the database, a sibling) can drop it and postprocess anew.
         sch.enter_postproc()
