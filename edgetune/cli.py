@@ -219,7 +219,7 @@ class _ProgressView:
         p = event.task
         done = p.index - 1 + (p.trials_done / p.trials_planned if p.trials_planned else 1.0)
         best = f"{p.best_us:.1f} us" if p.best_us is not None else "-"
-        detail = f"task {p.index}/{p.total} {p.task}: {p.trials_done}/{p.trials_planned} trials, best {best}"
+        detail = f"task {p.index}/{p.total} {p.task}: {p.trials_text}, best {best}"
         if self.progress is None:
             left = p.elapsed_s / done * (p.total - done) if done > 0 else None
             if p.budget_s is not None:

@@ -63,3 +63,12 @@ def test_missing_recipe_file_is_bad_input(tmp_path: Path) -> None:
     run = edgetune("validate", "nope.yaml", cwd=tmp_path)
     assert run.returncode == 2
     assert "nope.yaml" in run.stderr
+
+
+def test_progress_counts_trials_against_a_trial_count_only_where_the_recipe_gave_one() -> None:
+    """The default recipe gives a time budget and no trial count: its progress said "16/1000000 trials"."""
+    from edgetune.tuning.tune import UNBOUNDED_TRIALS, TaskProgress
+
+    budgeted = TaskProgress(1, 34, "fused_conv2d", 16, UNBOUNDED_TRIALS, 83.0, 12.0, 600.0)
+    counted = TaskProgress(1, 34, "fused_conv2d", 16, 64, 83.0, 12.0, None)
+    assert budgeted.trials_text == "16 trials" and counted.trials_text == "16/64 trials"

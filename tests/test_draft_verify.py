@@ -251,8 +251,8 @@ def test_the_first_drafts_made_on_the_tunings_workers_are_those_made_here():
     """A MobileNet-V2's 34 tasks took 21 s to draft in the main process, on one of two cores, while the workers
     waited: each task is now drafted on a worker. The drafts come back as traces, replayed here: the same
     programs as drafted in this process, with the search's counts, in the order of the positions asked for."""
-    from edgetune.tuning.tasks import TuningTask
     from edgetune.tuning.task_scheduler import TaskOutcome
+    from edgetune.tuning.tasks import TuningTask
     from edgetune.tuning.tune import FIRST_DRAFTS, TuningResult, _first_drafts
     from edgetune.tuning.worker_pool import WorkerPool
 

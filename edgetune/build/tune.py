@@ -18,7 +18,7 @@ from edgetune.tuning.measurements import NoiseCounts
 from edgetune.tuning.shards import tune_in_shards
 from edgetune.tuning.tasks import extract_tasks
 from edgetune.tuning.transfer.siblings import load_sibling_seeds
-from edgetune.tuning.tune import TuningPlan, TuningResult, tune
+from edgetune.tuning.tune import UNBOUNDED_TRIALS, TuningPlan, TuningResult, tune
 
 if TYPE_CHECKING:
     from edgetune.selection import RankCost
@@ -39,7 +39,7 @@ def tune_stage(ctx: TargetBuild) -> TargetResult:
         ctx.say(f"transfer from {', '.join(ctx.sibling_stores)}: {sum(map(len, siblings.seeds.values()))} of "
                 f"their schedules to re-measure first, the best of each of {seeded} tasks in one batch")
     plan = TuningPlan(
-        trials_per_task=1_000_000 if trials is None else trials, time_budget_s=_tuning_budget_s(ctx),
+        trials_per_task=UNBOUNDED_TRIALS if trials is None else trials, time_budget_s=_tuning_budget_s(ctx),
         search=recipe.tuning.search, seed=recipe.tuning.seed, cores=profile.hardware.cores or 1,
         hardware=profile.hardware, device=profile.device, isa=profile.isa, siblings=siblings,
         transfer=recipe.tuning.transfer, keep_for_later=_budget_reserve(ctx), runs_on=ctx.device, started=started,

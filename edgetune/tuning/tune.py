@@ -100,6 +100,17 @@ class TaskProgress:
     elapsed_s: float  # since tuning of this target began
     budget_s: float | None = None  # the tuning's time budget: no estimate of what is left goes past it
 
+    @property
+    def trials_text(self) -> str:
+        """"16/64 trials", or "16 trials" where only the time budget bounds them (no trial count was given)."""
+        if self.trials_planned >= UNBOUNDED_TRIALS:
+            return f"{self.trials_done} trials"
+        return f"{self.trials_done}/{self.trials_planned} trials"
+
+
+UNBOUNDED_TRIALS = 1_000_000
+"""The trials per task of a recipe that gives a time budget and no trial count: the budget stops the tuning."""
+
 
 @dataclass
 class TuningResult:
