@@ -287,7 +287,6 @@ def tune(
     runner = None  # no workers start when every task has its trials: a stop request then names no device
     with _stop_requests() as stop, ExitStack() as workers:
         if any(plan.trials_per_task > done for _, done in pending):
-            register_tensor_intrinsics(target)
             builder, runner = _measurers(plan, stop)
             workers.callback(builder.close)  # the workers end with the tuning, before the compile needs memory
             workers.callback(runner.close)
@@ -372,8 +371,7 @@ def _first_batch(tasks: list[TuningTask], result: TuningResult, target: tvm.targ
     seeds = plan.siblings.seeds if result.transfer is not None else {}
     try:
         measure_first_batch(tasks, result.tasks, target, store, builder, runner, seeds, result.transfer,
-                            plan.cores, on_measured, _first_drafts(tasks, result, target, plan,
-                                                                   getattr(builder, "pool", None)))
+                            plan.cores, on_measured, _first_drafts(tasks, result, target, plan, builder.pool))
     except Exception as exc:  # noqa: BLE001 (any failure: the rest go back to the rounds; a lost device sets `stop`)
         if not stop.is_set():
             logger.warning("the first schedules of every task could not all be measured in one batch (%s: %s); "
@@ -393,7 +391,8 @@ def _first_drafts(tasks: list[TuningTask], result: TuningResult, target: tvm.tar
     batch (the rest of its first round follows); the stock search has no analyzer to draft with.
 
     The tasks are drafted on the tuning's `pool`, one job per task, while its workers are idle: in this
-    process a MobileNet-V2's 34 tasks took 21 s, half of its first batch, on one of two cores."""
+    process a MobileNet-V2's 34 tasks took 21 s, half of its first batch, on one of two cores. Without a pool
+    (benchmarks/first_drafts.py's baseline) they are drafted here, through the same trace texts."""
     if plan.search != "draft-verify":
         return None
     sendable = replace(plan, remote=None, siblings=None, keep_for_later=None, runs_on=None)  # what pickles
