@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import numpy as np
 import pytest
 import tvm
@@ -66,6 +69,7 @@ def test_cost_model_save_load_round_trip_predicts_identically(tmp_path):
     model = RankingCostModel(num_threads=2)
     costs = np.random.default_rng(0).uniform(1e-4, 1e-3, len(candidates))
     model.update(ctx, candidates[:16], [RunnerResult([float(c)], None) for c in costs[:16]])
+    model.predict(ctx, candidates)  # fits what the batch measured
     assert model.trained
     path = tmp_path / "model.npz"
     model.save(str(path))
@@ -85,6 +89,64 @@ def test_cost_model_keeps_itself_beside_the_records(tmp_path):
     first.update(ctx, candidates, [RunnerResult([1e-3 * (i + 1)], None) for i in range(len(candidates))])
     again = RankingCostModel(num_threads=2, path=path)  # a later build of the same target
     np.testing.assert_array_equal(again.predict(ctx, candidates), first.predict(ctx, candidates))
+
+
+def test_the_cost_model_refits_before_ranking_a_task_it_has_not_learned_or_once_its_data_grew():
+    """A refit after every batch cost a 4-minute MobileNet-V2 build a third of its rounds' time. The model learns a
+    task's measurements before it ranks that task again, and the others' once the data grew by REFIT_GROWTH."""
+    from edgetune.tuning.cost_model.ranking import REFIT_GROWTH
+
+    rng = np.random.default_rng(0)
+    model = RankingCostModel(num_threads=2, rounds=5)
+
+    def measure(key: str, count: int) -> None:
+        rows = rng.random((count, 9)).astype(np.float32)
+        model.add(key, rows, [RunnerResult([float(1e-4 * (1 + r[0]))], None) for r in rows])
+
+    def refits_before_ranking(key: str) -> bool:
+        booster = model.booster
+        model.scores(key, rng.random((3, 9)).astype(np.float32))
+        return model.booster is not booster
+
+    measure("a", 16)
+    measure("b", 16)
+    assert not model.trained  # measurements kept, not fit yet
+    assert refits_before_ranking("a") and model.trained
+    assert not refits_before_ranking("a") and not refits_before_ranking("b")
+    measure("b", 2)
+    assert not refits_before_ranking("a")  # b's 2 new rows: 6% more data
+    assert refits_before_ranking("b")  # but b is ranked on everything it measured
+    grown = math.ceil(REFIT_GROWTH * model.size)
+    measure("c", grown - 1)
+    assert not refits_before_ranking("a")
+    measure("c", 1)
+    assert refits_before_ranking("a")
+    assert not refits_before_ranking("c")  # that refit learned c's rows too
+
+
+def test_a_saved_cost_model_remembers_which_measurements_it_learned(tmp_path):
+    """Saved after every batch, a model may hold measurements it has not fit yet: loaded, it refits before ranking
+    their task, and a model saved before this was counted had learned all of its data."""
+    path = tmp_path / "cost_model.npz"
+    rng = np.random.default_rng(1)
+    model = RankingCostModel(num_threads=2, rounds=5, path=path)
+    for key in ("a", "b"):
+        rows = rng.random((8, 9)).astype(np.float32)
+        model.add(key, rows, [RunnerResult([float(1e-4 * (1 + r[0]))], None) for r in rows])
+    model.fit_if_stale("a")
+    rows = rng.random((2, 9)).astype(np.float32)
+    model.add("b", rows, [RunnerResult([1e-4], None), RunnerResult([2e-4], None)])
+    again = RankingCostModel(num_threads=2, rounds=5, path=path)
+    assert again.fitted == {"a": 8, "b": 8} and again.size == 18
+    assert not again.fit_if_stale("a") and again.fit_if_stale("b")
+
+    with np.load(path) as data:  # as an earlier edgetune saved it: no "fitted" in its meta
+        arrays = dict(data)
+    meta = json.loads(bytes(arrays["meta"]).decode())
+    del meta["fitted"]
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(path, **arrays)
+    assert RankingCostModel(num_threads=2, rounds=5, path=path).fitted == {"a": 8, "b": 10}
 
 
 def test_failed_runs_rank_last():

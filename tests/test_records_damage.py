@@ -134,6 +134,19 @@ def _snapshot(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
+def _cost_model_counting(fitted) -> bytes:
+    """A saved cost model whose meta counts its learned rows as `fitted` says (RankingCostModel.save's layout)."""
+    import json
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    meta = json.dumps({"keys": ["task"], "rounds": 5, "fitted": fitted}).encode()
+    np.savez(buffer, meta=np.frombuffer(meta, dtype=np.uint8), model=np.zeros(0, dtype=np.uint8),
+             x0=np.ones((2, 3), dtype=np.float32), y0=np.array([1e-3, 2e-3]))
+    return buffer.getvalue()
+
+
 UNKNOWN_INSTRUCTION = b'[0, [[[["NoSuchInstruction", [], [], []]], []], [1e-3], {"kind": "llvm"}, []]]\n'
 
 
@@ -141,8 +154,11 @@ UNKNOWN_INSTRUCTION = b'[0, [[[["NoSuchInstruction", [], [], []]], []], [1e-3], 
     (RECORD_FILE, lambda data: data.replace(b"\n", b"\n[0,[]]\n", 1), f"{RECORD_FILE}:2: expected a tuning record"),
     (RECORD_FILE, lambda data: data + UNKNOWN_INSTRUCTION, "TVM cannot parse it"),
     ("cost_model.npz", lambda data: b"garbage", "cost_model.npz: not a cost model saved by edgetune"),
+    ("cost_model.npz", lambda data: _cost_model_counting([-1]), "expected 'fitted', when given, to count"),
+    ("cost_model.npz", lambda data: _cost_model_counting(["2"]), "expected 'fitted', when given, to count"),
     ("tuning_log.jsonl", lambda data: data + b"{cut short\n", "tuning_log.jsonl:"),
-], ids=["bad-shape", "tvm-rejects", "garbage-cost-model", "bad-log-line"])
+], ids=["bad-shape", "tvm-rejects", "garbage-cost-model", "negative-fitted-count", "text-fitted-count",
+                         "bad-log-line"])
 def test_an_import_with_one_bad_part_changes_nothing(tiny_build, exported, tmp_path: Path, suffix, change,
                                                      expected) -> None:
     directory, archive = _exported(tiny_build, exported, tmp_path)

@@ -85,12 +85,13 @@ class TransferCostModel(PyCostModel):
 
     def learn(self, key: str, task_name: str, rows: np.ndarray, results: list) -> None:
         """This device's measurements of a task (feature rows and runner results): the device's own
-        model learns them, the guard checks the prior against them, and the transfer refits on the threads
-        the device's fit read (a second reading would span only that fit: too short to tell a busy core)."""
+        model keeps them (and learns them before it next ranks), the guard checks the prior against them, and
+        the transfer refits on the threads one reading of the load gives (a second reading would span only
+        the first fit: too short to tell a busy core)."""
         self.local.add(key, rows, results)
-        threads = self.local.threads_of_last_fit
         if self.prior is None:
             return
+        threads = self.local.fit_threads()
         self._check(key, task_name, rows, self.local.groups[key][1][-len(rows):])
         if self.mode == "warm":
             self.pooled = train_ranker({**self.sibling_groups, **self.local.groups}, threads, self.local.rounds)

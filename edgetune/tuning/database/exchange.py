@@ -111,6 +111,10 @@ def _cost_model_problems(path: Path, where: str) -> list[str]:
             keys = meta["keys"]
             if not (isinstance(keys, list) and isinstance(meta.get("rounds"), int)):
                 raise ValueError("meta: expected {'keys': [...], 'rounds': <int>}")
+            fitted = meta.get("fitted", [0] * len(keys))
+            if not (isinstance(fitted, list) and len(fitted) == len(keys)
+                    and all(isinstance(n, int) and n >= 0 for n in fitted)):
+                raise ValueError("meta: expected 'fitted', when given, to count each key's learned rows")
             for i in range(len(keys)):
                 rows, costs = data[f"x{i}"], data[f"y{i}"]
                 if rows.ndim != 2 or costs.ndim != 1 or len(rows) != len(costs) or rows.dtype.kind != "f":
