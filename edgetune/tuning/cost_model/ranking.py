@@ -45,9 +45,10 @@ _PARAMS = {
 REFIT_GROWTH = 0.25
 """A model whose training data grew by this share since its fit is refit before it ranks any task. Refit after
 every batch, a 4-minute MobileNet-V2 build (34 tasks, 159 trials, 25 rounds) spent 25 s of its 77 s of rounds
-fitting while the builders waited; a task's next round comes about as many rounds later as the model has
-tasks, so the fits a round needs are those of the task it ranks (its own measurements first) and of data
-grown enough to change the ranking of the others."""
+fitting while the builders waited, and draft-verify consulted none of those fits (it asks only for tasks with 16
+measurements). A task's next round comes about as many rounds later as the model has tasks, so the fits a
+ranking needs are those of the task it ranks (its own measurements first) and of data grown enough to change
+the ranking of the others."""
 
 Groups = dict[str, tuple[list[np.ndarray], list[float]]]
 """Training data: per task (or per device and task), feature rows and measured seconds."""
