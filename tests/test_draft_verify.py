@@ -133,6 +133,7 @@ def test_a_saved_cost_model_remembers_which_measurements_it_learned(tmp_path):
     for key in ("a", "b"):
         rows = rng.random((8, 9)).astype(np.float32)
         model.add(key, rows, [RunnerResult([float(1e-4 * (1 + r[0]))], None) for r in rows])
+    assert RankingCostModel(num_threads=2, rounds=5, path=path).fitted == {"a": 0, "b": 0}  # saved, not fit
     model.fit_if_stale("a")
     rows = rng.random((2, 9)).astype(np.float32)
     model.add("b", rows, [RunnerResult([1e-4], None), RunnerResult([2e-4], None)])

@@ -249,8 +249,9 @@ class RankingCostModel(PyCostModel):
             self.booster.load_model(bytearray(model))
         else:
             self.booster = None
-        # a model saved before its fits were counted had learned all of its data
-        fitted = meta.get("fitted") or [len(costs) if model else 0 for _, costs in self.groups.values()]
+        # a model saved before its fits were counted had learned all of its data; without a model, nothing
+        counts = [len(costs) for _, costs in self.groups.values()]
+        fitted = (meta.get("fitted") or counts) if model else [0] * len(counts)
         self.fitted = dict(zip(self.groups, (int(n) for n in fitted)))
 
 
