@@ -13,8 +13,8 @@ Each round:
 3. select: the batch is picked greedily by that score with a bonus for decision values not
    measured yet and for design spaces measured less than the others (no duplicates), and an
    epsilon share of it at random from the verified drafts;
-4. measure (TVM's builder and runner), and the learned model refits (MetaSchedule's
-   UpdateCostModel callback).
+4. measure (TVM's builder and runner); the learned model keeps the measurements (MetaSchedule's
+   UpdateCostModel callback) and learns them before it next ranks (RankingCostModel.fit_if_stale).
 
 The first batches are smaller (FIRST_BATCHES) so the analyzer's best arrive early. Design spaces the
 analyzer cannot read structurally are drafted with TVM's own sampling and mutators and scored
@@ -56,7 +56,7 @@ XGBoost ranker trained on 8-64 measurements ranks the analyzer's best drafts wor
 analyzer does (Spearman 0.0-0.3 vs 0.4-0.5); with ~128 the blend beats either alone."""
 FIRST_BATCHES = (8, 16)
 """Sizes of the first batches (capped by the scheduler's batch size): the analyzer's best few are
-measured first so that a good latency arrives early and the learned model refits sooner."""
+measured first so that a good latency arrives early and the learned model counts sooner."""
 DRAFT_VERIFY_ROUND = sum(FIRST_BATCHES)
 """A round of one task under a time budget: its first batches. In a 10-minute ResNet-50 build with rounds
 of 64 (batches of 8, 16 and 40), a round's first 24 trials gave most of what its 64 gained on 8 of the 10
