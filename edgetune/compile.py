@@ -103,7 +103,8 @@ def _lowering_passes(target: tvm.target.Target) -> list:
 
 
 def export_library(executable, path: Path, cross_compiler: str | None = None) -> Path:
-    """Write the executable as one shared object (weights included) that TVM's runtime can load."""
+    """Write the executable as one shared object (weights included) that TVM's runtime can load, linked by
+    `cross_compiler` (a C compiler command; None: TVM's default)."""
     if cross_compiler:
         from tvm.support import cc
 
@@ -111,3 +112,9 @@ def export_library(executable, path: Path, cross_compiler: str | None = None) ->
     else:
         executable.export_library(str(path))
     return path
+
+
+def export_untuned(mod: tvm.IRModule, target: tvm.target.Target, winograd: WinogradPolicy | None, path: Path,
+                   cross_compiler: str | None) -> Path:
+    """The untuned model (no records) compiled and exported to `path`: what build/untuned.py's process runs."""
+    return export_library(compile_model(mod, target, None, winograd), path, cross_compiler)

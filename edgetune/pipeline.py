@@ -87,9 +87,12 @@ def build(recipe: Recipe, only: list[str] | None = None, on_event: EventFn | Non
             toolchain = toolchains[profile.name]
             remote = remote_device(recipe, target, profile.device, toolchain.cc)
             device = open_device(target, profile, toolchain, remote)
-            result.targets[target.name] = _build_target(TargetBuild(
-                recipe, target, profile, toolchain, model, relax_mod, reference, store,
-                sibling_stores, device, emit, signer, task_pool, started))
+            ctx = TargetBuild(recipe, target, profile, toolchain, model, relax_mod, reference, store,
+                              sibling_stores, device, emit, signer, task_pool, started)
+            try:
+                result.targets[target.name] = _build_target(ctx)
+            finally:
+                ctx.untuned.close()  # a failed or stopped target does not wait for its untuned compile
         except TuningInterrupted:
             raise
         except EdgetuneError as exc:
@@ -212,7 +215,7 @@ def _build_target(ctx: TargetBuild) -> TargetResult:
         result.anchor_tuning_curve()
         return result
     compiled = timed("compile", lambda: compile_stage(ctx, result, budget_ends))
-    latency = timed("measure", lambda: measure_stage(ctx, compiled.library, compiled.samples, compiled.untuned_library))
+    latency = timed("measure", lambda: measure_stage(ctx, compiled.library, compiled.samples))
     packaged = timed("package", lambda: package_stage(ctx, result, compiled, latency, inputs_hash))
     timed("verify", lambda: verify_stage(ctx, result, packaged))
     ctx.say("seconds per stage: " + ", ".join(f"{name} {seconds:.0f}" for name, seconds in stages.items()))

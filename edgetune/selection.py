@@ -85,8 +85,6 @@ class Selection:
     """...and with the tuner's best ones."""
     stopped_by_deadline: bool = False
     """Fewer ranks were compared than the records had: the next would not have fit before the deadline."""
-    default_library: Path | None = None
-    """The model with every default schedule (the untuned model), as `keep_default` exported it."""
     library: Path | None = None
     """The model compiled with `database`, as `keep_tuned` exported it (None: not exported; compile it)."""
     verified_ratio: float | None = None
@@ -97,7 +95,7 @@ class Selection:
 def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, database: Database,
                      inputs: list[np.ndarray], device: tvm.runtime.Device, candidates: int,
                      winograd: WinogradPolicy | None = None, runs: int = 30,
-                     deadline: float | None = None, keep_default: Callable[[Any], Path] | None = None,
+                     deadline: float | None = None, untuned: Callable[[], Path] | None = None,
                      keep_tuned: Callable[[Any, str], Path] | None = None,
                      on_skip: Callable[[str], None] | None = None) -> Selection:
     """The model's kernels each with the fastest in the model of their `candidates` best schedules and
@@ -109,8 +107,9 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
     `deadline` (a `time.monotonic()` instant, the end of a tuning budget): after the tuner's best, the default
     schedules' model is compiled and timed only if the previous model's time still fits before it, and a
     further rank only if twice that time does (this rank, and the model of the kernels' choices, compiled and
-    timed whole after the last rank). `keep_default` exports the
-    default schedules' model, which is the untuned one, so the build need not compile it again. Where the
+    timed whole after the last rank). `untuned` gives the default schedules' model, which is the untuned one,
+    as the build compiled it apart (build/untuned.py): called before anything is timed, as it waits for that
+    compile (None: the default schedules' model is compiled here). Where the
     kernels' choices differ from the tuner's best, the model they make is compiled and timed whole, in
     turns with the tuner's best, and kept only if it runs faster: choices made kernel by kernel in models
     that each changed every kernel need not add up. `keep_tuned(executable, name)` exports the tuner's best
@@ -129,30 +128,38 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
     arguments = [tvm.runtime.tensor(x, device) for x in inputs]
     executable = compile_model(relax_mod, target, _pick(ranked, dict.fromkeys(ranked, 0)), winograd, on_skip)
     best_library = keep_tuned(executable, "best") if keep_tuned is not None else None  # before it runs, too
+    waited = time.monotonic()
+    default_library = untuned() if untuned is not None else None  # its compile apart ends before any timing
+    timing_started = time.monotonic()
     best = _TimedModel(executable, device, arguments, workload_of)
     del executable  # its model holds it
-    rank_s = time.monotonic() - start
     best_us = best.kernel_times(runs)
+    timing_s = time.monotonic() - timing_started
+    rank_s = time.monotonic() - start - (timing_started - waited)  # a compile and a timing, without the wait
     comparison = _Comparison(best_us)
-    stopped, default_library = False, None
+    stopped = False
     for rank in [DEFAULT_RANK, *range(1, max(map(len, ranked.values())))]:
         started = time.monotonic()
-        # the default schedules' model is the untuned one, compiled later if not here; another rank brings the
-        # chosen model's compile and timing after it
-        needed_s = rank_s if rank == DEFAULT_RANK else 2 * rank_s
+        if rank == DEFAULT_RANK:  # compiled apart: only timed (RankCost.default_s)
+            needed_s = (1 + _DEFAULT_TIMING_SHARE) * timing_s if default_library is not None else rank_s
+        else:  # another rank brings the chosen model's compile and timing after it
+            needed_s = 2 * rank_s
         if deadline is not None and started + needed_s > deadline:
             stopped = True
             break
-        executable = compile_model(relax_mod, target, _pick(ranked, dict.fromkeys(ranked, rank)), winograd)
-        if rank == DEFAULT_RANK and keep_default is not None:  # before it runs: a run gives its constants
-            default_library = keep_default(executable)  # scopes, and TVM warns about each when saving them
-        other = _TimedModel(executable, device, arguments, workload_of)
-        del executable
+        compiled_here = rank != DEFAULT_RANK or default_library is None
+        if compiled_here:
+            executable = compile_model(relax_mod, target, _pick(ranked, dict.fromkeys(ranked, rank)), winograd)
+            other = _TimedModel(executable, device, arguments, workload_of)
+            del executable
+        else:
+            other = _TimedModel(tvm.runtime.load_module(str(default_library)), device, arguments, workload_of)
         max_s = _DEFAULT_TIMING_SHARE * runs * sum(best_us.values()) / 1e6 if rank == DEFAULT_RANK else None
         comparison.ratios[rank] = _in_turns(best, other, runs, max_s)
         del other  # the next rank's compile needs the memory of this one's weights
-        rank_s = time.monotonic() - started
-    selection = comparison.selection(ranked, workload_of, time.monotonic() - start, stopped, default_library)
+        if compiled_here:  # what the next rank costs
+            rank_s = time.monotonic() - started
+    selection = comparison.selection(ranked, workload_of, time.monotonic() - start, stopped)
     if all(choice.rank == 0 for choice in selection.choices.values()):
         return dataclasses.replace(selection, library=best_library)
     executable = compile_model(relax_mod, target, selection.database, winograd, on_skip)
@@ -162,8 +169,7 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
     if ratio < 1.0:
         return dataclasses.replace(selection, library=chosen_library, verified_ratio=ratio,
                                    seconds=time.monotonic() - start)
-    kept = comparison.selection(ranked, workload_of, time.monotonic() - start, stopped, default_library,
-                                only_best=True)
+    kept = comparison.selection(ranked, workload_of, time.monotonic() - start, stopped, only_best=True)
     return dataclasses.replace(kept, library=best_library, verified_ratio=ratio)
 
 
@@ -236,7 +242,7 @@ class _Comparison:
         """By rank (DEFAULT_RANK too): each workload's time in that rank's model / in the tuner's best."""
 
     def selection(self, ranked: dict[int, list[TuningRecord]], workload_of: dict[str, Workload], seconds: float,
-                  stopped: bool, default_library: Path | None, only_best: bool = False) -> Selection:
+                  stopped: bool, only_best: bool = False) -> Selection:
         """Each kernel's fastest schedule in the model, or with `only_best` the tuner's best of every one."""
         timed = [key for key in ranked if key in self.best_us]  # a workload no kernel ran keeps rank 0
         chosen = dict.fromkeys(ranked, 0) | {key: _fastest(key, len(ranked[key]), self.ratios)
@@ -250,7 +256,7 @@ class _Comparison:
         return Selection(_pick(ranked, chosen), choices, len(self.ratios), seconds,
                          in_model_us=sum(map(in_model_us, timed)),
                          tuner_best_in_model_us=sum(self.best_us[key] for key in timed),
-                         stopped_by_deadline=stopped, default_library=default_library)
+                         stopped_by_deadline=stopped)
 
 
 def _per_workload(per_kernel: dict[str, float], workload_of: dict[str, Workload]) -> dict[int, float]:
@@ -299,20 +305,31 @@ class RankCost:
         the best's (both sides' runs). A 5-minute ResNet-18's took 14 s where `total_s` was 11 s."""
         return self.compile_s + 2 * self.run_s
 
+    @property
+    def default_s(self) -> float:
+        """The default schedules' model, compiled apart (build/untuned.py): only timed in turns with the best, its
+        side at most `_DEFAULT_TIMING_SHARE` times as long."""
+        return (1 + _DEFAULT_TIMING_SHARE) * self.run_s
+
 
 def rank_cost(relax_mod: tvm.IRModule, target: tvm.target.Target, database: Database, inputs: list[np.ndarray],
-              device: tvm.runtime.Device, winograd: WinogradPolicy | None = None, runs: int = 30) -> RankCost:
+              device: tvm.runtime.Device, winograd: WinogradPolicy | None = None, runs: int = 30,
+              before_timing: Callable[[], object] | None = None) -> RankCost:
     """The model compiled with the database's best schedules and its kernels timed inside it, as
     `select_schedules` does per rank. A tuning budget keeps this much per candidate rank, and the stages
-    after the comparison one compile per model they still have to compile."""
+    after the comparison one compile per model they still have to compile. `before_timing` is called between
+    the compile and the timing (and not counted): what ran beside the compile ends there."""
     started = time.monotonic()
     workload_of: dict[str, Workload] = {}
     executable = compile_model(relax_mod, target, database, winograd)
+    compile_s = time.monotonic() - started
+    if before_timing is not None:
+        before_timing()
     compiled = time.monotonic()
     model = _TimedModel(executable, device, [tvm.runtime.tensor(x, device) for x in inputs], workload_of)
     model.kernel_times(runs)
     run_s = time.monotonic() - compiled
-    return RankCost(compile_s=compiled - started, run_s=run_s, inference_s=model.inference_seconds(_PLAIN_CALLS))
+    return RankCost(compile_s=compile_s, run_s=run_s, inference_s=model.inference_seconds(_PLAIN_CALLS))
 
 
 def constant_bytes(relax_mod: tvm.IRModule) -> int:

@@ -157,7 +157,7 @@ def test_the_stages_after_the_comparison_keep_about_what_they_took_in_real_build
     assert kept(0.05, 0.01, 0.1) < 14  # a tiny model: 0.2 s of runs per timing, no slow untuned calls
     # an untuned model that runs seconds a call: a warm-up and one timed call (an untuned ResNet-50, 4.7-6.9 s)
     assert kept(22.0, 35.0, 121.0) - kept(22.0, 20.0, 121.0) > 2 * 200 * 0.015 - 1
-    # without a comparison, the model to ship and the untuned one are compiled after it
+    # each model still to compile after the comparison adds a compile
     assert kept(25.0, 12.0, 40.0, compiles=2) == kept(25.0, 12.0, 40.0) + 50.0
     # a recipe that says how the threads wait (package.thread_wait) times the model one way, not both
     assert kept(25.0, 12.0, 40.0) - 8 < kept(25.0, 12.0, 40.0, ways=1) < kept(25.0, 12.0, 40.0) - 3

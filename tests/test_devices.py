@@ -31,7 +31,7 @@ def test_host_profile_runs_here() -> None:
     device = open_device(FleetTarget(name="host", profile="host"), profile, resolve_toolchain(profile), None)
     assert isinstance(device, LocalDevice) and device.runs_here and device.can_measure
     assert device.where.startswith("this build machine (") and f"{profile.hardware.cores} cores" in device.where
-    assert device.export_function() is None  # TVM's default link, as the untuned model always was here
+    assert device.link_compiler() is None  # TVM's default link, as the untuned model always was here
     assert device.summary() == {"arch": machine_isa(), "via": "local", "emulated": False, "key": None}
     device.check_reachable(4)
 

@@ -31,28 +31,49 @@ def test_a_kernel_the_tuner_ranked_first_but_slow_in_the_model_gives_way(tmp_pat
     assert {p.name: p.read_bytes() for p in store.directory.iterdir()} == before  # the store is only read
 
 
-def test_the_default_schedules_model_is_kept_as_the_untuned_library(tmp_path):
-    """The build times the untuned model from this library instead of compiling the model a second time."""
+def test_the_default_schedules_are_timed_in_the_untuned_model_compiled_apart(tmp_path, monkeypatch):
+    """The build compiles the untuned model once, in a process of its own beside the tuner's best's compile
+    (build/untuned.py); the comparison asks for it before timing anything (a compile beside a timing disturbs
+    it) and times the default schedules in it, compiling no model for them. The library compiled apart is the
+    untuned model, output for output."""
     import numpy as np
 
+    import edgetune.selection as selection_module
+    from edgetune.build.untuned import UntunedModel
     from edgetune.compile import compile_model, export_library
 
-    relax_mod, target, store, _, inputs, _ = _strided_ranked_first(tmp_path)
-    kept: list[Path] = []
+    relax_mod, target, store, heaviest, inputs, _ = _strided_ranked_first(tmp_path, schedules=1)
+    apart = UntunedModel(relax_mod, target, None, tmp_path / "work" / "untuned.so", lambda: None)
+    events: list[str] = []
+    real_compile, real_kernel_times = selection_module.compile_model, selection_module._kernel_times
 
-    def keep(executable) -> Path:
-        kept.append(export_library(executable, tmp_path / "untuned.so"))
-        return kept[-1]
+    def compiled(*args, **kwargs):
+        events.append("compile")
+        return real_compile(*args, **kwargs)
 
-    selection = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2,
-                                 keep_default=keep)
+    def timed(*args, **kwargs):
+        events.append("timing")
+        return real_kernel_times(*args, **kwargs)
 
-    assert kept == [selection.default_library] and selection.default_library.is_file()
-    untuned = export_library(compile_model(relax_mod, target, None), tmp_path / "compiled-untuned.so")
+    def untuned() -> Path:
+        events.append("untuned")
+        return apart.library()
+
+    monkeypatch.setattr(selection_module, "compile_model", compiled)
+    monkeypatch.setattr(selection_module, "_kernel_times", timed)
+    apart.start()
+    selection = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=4,
+                                 untuned=untuned)
+
+    assert events[:3] == ["compile", "untuned", "timing"] and events.count("untuned") == 1
+    assert events.count("compile") == 2  # the tuner's best and the chosen model, none for the default schedules
+    assert selection.models_compiled == 2 and selection.choices[heaviest.name].rank == DEFAULT_RANK
+    library = apart.library()
+    assert library == tmp_path / "work" / "untuned.so" and library.is_file()
+    here = export_library(compile_model(relax_mod, target, None), tmp_path / "compiled-here.so")
     # Run apart: after this fixture's selection, running a model in the same process has crashed TVM.
-    for kept_output, untuned_output in zip(_outputs_apart(selection.default_library, inputs),
-                                           _outputs_apart(untuned, inputs)):
-        np.testing.assert_array_equal(kept_output, untuned_output)
+    for apart_output, here_output in zip(_outputs_apart(library, inputs), _outputs_apart(here, inputs)):
+        np.testing.assert_array_equal(apart_output, here_output)
 
 
 def test_each_rank_is_timed_in_turns_with_the_tuners_best(tmp_path, monkeypatch):
@@ -137,34 +158,33 @@ def test_past_the_deadline_only_the_tuners_best_is_compiled(tmp_path):
     relax_mod, target, store, heaviest, inputs, _ = _strided_ranked_first(tmp_path)
 
     selection = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2,
-                                 deadline=time.monotonic(), keep_default=lambda executable: tmp_path / "unused")
+                                 deadline=time.monotonic(), untuned=lambda: tmp_path / "unused")
 
-    assert selection.models_compiled == 1 and selection.default_library is None
+    assert selection.models_compiled == 1
     assert selection.choices[heaviest.name].rank == 0
     assert selection.in_model_us == selection.tuner_best_in_model_us > 0
 
 
-def test_near_the_deadline_the_default_schedules_model_needs_room_for_itself_only(tmp_path):
-    """The default schedules' model is the untuned one, which the build compiles anyway: it is compared when
-    its own time fits before the deadline, while a further rank needs room for itself and the chosen model
-    after it. Each model's export here takes 6 s more (a slow compile), so a model takes about 7 s: the
-    default's fits by 18 s, another rank's two would not."""
-    relax_mod, target, store, _, inputs, _ = _strided_ranked_first(tmp_path)
-    slow_s = 6.0
+def test_near_the_deadline_the_default_schedules_model_needs_room_for_its_timing_only(tmp_path):
+    """The default schedules' model is the untuned one, which the build compiles apart anyway: it is compared
+    when its timing fits before the deadline, while a further rank needs room for its compile and the chosen
+    model's after it. The tuner's best's export here takes 6 s more (a slow compile), so a rank takes about
+    7 s: the default's timing fits by 18 s, another rank's two compiles would not."""
+    from edgetune.compile import export_untuned
 
-    def keep_default(executable) -> Path:
-        time.sleep(slow_s)
-        return tmp_path / "untuned.so"
+    relax_mod, target, store, _, inputs, _ = _strided_ranked_first(tmp_path)
+    untuned = export_untuned(relax_mod, target, None, tmp_path / "untuned.so", None)
+    slow_s = 6.0
 
     def keep_tuned(executable, name: str) -> Path:
         time.sleep(slow_s if name == "best" else 0.0)
         return tmp_path / f"{name}.so"
 
     selection = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2,
-                                 deadline=time.monotonic() + 3 * slow_s, keep_default=keep_default,
+                                 deadline=time.monotonic() + 3 * slow_s, untuned=lambda: untuned,
                                  keep_tuned=keep_tuned)
 
-    assert selection.default_library == tmp_path / "untuned.so"  # compared: its compile is not needed later
+    assert selection.models_compiled == 2  # the tuner's best and the default schedules' model
     assert selection.stopped_by_deadline  # rank 1 and the chosen model did not fit
 
 
@@ -227,3 +247,23 @@ def _untouched(mod: tvm.IRModule) -> tvm.s_tir.Schedule:
     schedule = tvm.s_tir.Schedule(mod)
     schedule.get_sblock("root")
     return schedule
+
+
+def test_the_reserves_compile_and_run_leave_out_the_wait_between_them(tmp_path):
+    """The budget's reserve times one compile and run of the model while the untuned model compiles apart
+    beside it; the run waits for that compile (`before_timing`), and the wait is neither compile nor run."""
+    from edgetune.selection import rank_cost
+
+    relax_mod, target, store, _, inputs, _ = _strided_ranked_first(tmp_path)
+    waits: list[float] = []
+
+    def wait() -> None:
+        waits.append(time.monotonic())
+        time.sleep(2.0)
+
+    started = time.monotonic()
+    cost = rank_cost(relax_mod, target, store.database, inputs, tvm.cpu(0), before_timing=wait)
+    elapsed = time.monotonic() - started
+
+    assert len(waits) == 1 and started + cost.compile_s <= waits[0] + 0.1
+    assert cost.compile_s + cost.run_s < elapsed - 1.9

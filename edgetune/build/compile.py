@@ -21,13 +21,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class CompiledTarget:
-    """The exported library, how its CUDA kernels ship (None: not a CUDA target), the sample inputs, and
-    the untuned model's library when the in-model comparison already built it (None: not built)."""
+    """The exported library, how its CUDA kernels ship (None: not a CUDA target), and the sample inputs."""
 
     library: Path
     cuda_kernels: str | None
     samples: dict[str, np.ndarray]
-    untuned_library: Path | None = None
 
 
 def compile_stage(ctx: TargetBuild, result: TargetResult, budget_ends: float | None) -> CompiledTarget:
@@ -35,8 +33,10 @@ def compile_stage(ctx: TargetBuild, result: TargetResult, budget_ends: float | N
     from edgetune.compile import compile_model, export_library
 
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    if ctx.device.can_measure:  # timed later: compiled beside this stage's first compile, unless it was already
+        ctx.untuned.start()
     samples = ctx.model.sample_inputs()
-    database, untuned_library = ctx.store.database, None
+    database = ctx.store.database
     if ctx.candidates > 1:
         ctx.say(f"timing each kernel's {ctx.candidates} best schedules and its default inside the model")
         selection = _select_in_model(ctx, result, samples, budget_ends)
@@ -45,8 +45,8 @@ def compile_stage(ctx: TargetBuild, result: TargetResult, budget_ends: float | N
             ctx.say(f"the chosen schedules' model took {selection.verified_ratio:.3f}x the tuner's best's time, "
                     f"timed whole in turns: {packaged} is packaged")
         if selection.library is not None:  # the comparison compiled and exported what it chose
-            return CompiledTarget(selection.library, None, samples, selection.default_library)
-        database, untuned_library = selection.database, selection.default_library
+            return CompiledTarget(selection.library, None, samples)
+        database = selection.database
     elif ctx.comparison_cut_by_budget:
         # two ranks: the tuner's best, the default schedules' model, rank 1 and the chosen model (see ranks_that_fit)
         result.selection_skipped = ("comparing two schedules per kernel (four models compiled and timed) does not "
@@ -55,7 +55,7 @@ def compile_stage(ctx: TargetBuild, result: TargetResult, budget_ends: float | N
     executable = compile_model(ctx.relax_mod, ctx.tvm_target, database, ctx.winograd, on_skip=_warn(ctx))
     cuda_kernels = _precompile_kernels(ctx, executable)
     library = export_library(executable, ctx.work_dir / "model.so", ctx.toolchain.fcompile())
-    return CompiledTarget(library, cuda_kernels, samples, untuned_library)
+    return CompiledTarget(library, cuda_kernels, samples)
 
 
 def _warn(ctx: TargetBuild) -> Callable[[str], None]:
@@ -67,9 +67,9 @@ def _warn(ctx: TargetBuild) -> Callable[[str], None]:
 def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, np.ndarray],
                      deadline: float | None) -> Selection:
     """The comparison's selection: the database to compile with (each kernel's fastest in the model of its
-    tuned best few and its default), the untuned model's library, exported when its default schedules were
-    compiled (None if they were not), and the library of the model that stands (the chosen schedules' where
-    they ran faster whole than the tuner's best, else the tuner's best), exported by the comparison.
+    tuned best few and its default, timed in the untuned model as compiled apart), and the library of the model
+    that stands (the chosen schedules' where they ran faster whole than the tuner's best, else the tuner's
+    best), exported by the comparison.
 
     Fills the result's `selection` summary and each task's `in_model_rank` (0: the tuner's best; None: not
     compared, or `kept_default`: its default schedule beat every tuned one in the model). The models are timed
@@ -88,16 +88,13 @@ def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, 
         threads = sampled_free_threads(ctx.profile.cpu_threads)  # compared on the cores other programs leave
         use_cpu_threads(ctx.profile.cpu_threads, running=threads)  # the threads the model ships with, narrowed
 
-    def keep_untuned(executable) -> Path:
-        return export_library(executable, ctx.work_dir / "untuned.so", ctx.device.export_function())
-
     def keep_tuned(executable, name: str) -> Path:  # exported as the final compile exports it
         return export_library(executable, ctx.work_dir / f"model-{name}.so", ctx.toolchain.fcompile())
 
     try:
         selection = select_schedules(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
                                      tvm.device(ctx.profile.device, 0), ctx.candidates, ctx.winograd,
-                                     deadline=deadline, keep_default=keep_untuned, on_skip=_warn(ctx),
+                                     deadline=deadline, untuned=ctx.untuned.library, on_skip=_warn(ctx),
                                      keep_tuned=keep_tuned if ctx.profile.device != "cuda" else None)
     finally:
         if threads is not None:

@@ -10,6 +10,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgetune.build.untuned import UntunedModel
 from edgetune.devices import Device
 from edgetune.frontend.model import LoadedModel
 from edgetune.frontend.winograd import WinogradPolicy
@@ -92,6 +93,12 @@ class TargetBuild:
         if not self.recipe.tuning.winograd:
             return None
         return WinogradPolicy(self.profile.hardware.peak_gflops, self.profile.hardware.memory_bandwidth_gbs)
+
+    @cached_property
+    def untuned(self) -> UntunedModel:
+        """The untuned model's library, compiled once in a process of its own beside a compile of this one."""
+        return UntunedModel(self.relax_mod, self.tvm_target, self.winograd, self.work_dir / "untuned.so",
+                            self.device.link_compiler)
 
     @property
     def candidates(self) -> int:

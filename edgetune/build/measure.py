@@ -51,10 +51,9 @@ class Latency:
         return {"tuned": self.tuned, "untuned": self.untuned, "onnxruntime": self.reference}
 
 
-def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray],
-                  untuned: Path | None = None) -> Latency:
-    """Time the tuned and the untuned model on the target's device; the reference only beside them here.
-    `untuned`: the untuned model's library when the compile stage built it already."""
+def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray]) -> Latency:
+    """Time the tuned and the untuned model (`ctx.untuned`, compiled beside the tuned one) on the target's
+    device; the reference only beside them here."""
     device, wanted = ctx.device, ctx.recipe.package.thread_wait
     if not device.can_measure:
         return Latency(thread_wait=choose_thread_wait(wanted, None, ctx.say))
@@ -65,8 +64,9 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
     inputs = ctx.sample_list(samples)
     timed_ways: dict[str, list[float]] | None = None
     reference_ms = None
-    with device.thread_wait_timers(library, inputs, thread_wait_ways(wanted)) as timers:  # its processes start beside the compile
-        untuned = untuned or _untuned_library(ctx, device.export_function())
+    # the timers' processes start while the untuned model's compile ends, if it has not
+    with device.thread_wait_timers(library, inputs, thread_wait_ways(wanted)) as timers:
+        untuned = ctx.untuned.library()
         if device.runs_here:
             threads = ctx.profile.hardware.cores or 1
             ours = timers or {"tuned": lambda: device.latency_ms(library, inputs)}
@@ -116,9 +116,3 @@ def _say_spread(ctx: TargetBuild, what: str, rounds_ms: list[float]) -> None:
         ctx.say(f"timing rounds of the {what} ranged {min(rounds_ms):.3f}-{max(rounds_ms):.3f} ms (other work "
                 f"on the machine): the median, {float(np.median(rounds_ms)):.3f} ms, is reported")
 
-
-def _untuned_library(ctx: TargetBuild, cross_compiler: Callable | None) -> Path:
-    from edgetune.compile import compile_model, export_library
-
-    executable = compile_model(ctx.relax_mod, ctx.tvm_target, None, ctx.winograd)
-    return export_library(executable, ctx.work_dir / "untuned.so", cross_compiler)

@@ -258,9 +258,10 @@ def _tuning_budget_s(ctx: TargetBuild) -> float | None:
 
 def _budget_reserve(ctx: TargetBuild):
     """The tuner's call for the seconds of its budget to keep for what follows it: comparing schedules inside
-    the model (build/compile.py), one compile and run of the model per candidate rank and one for the default
-    schedules, then the final compile, timing, packaging and verification (`finish_seconds`); at most half
-    the budget. One compile and run is measured when the tuner asks, with its best so far. None
+    the model (build/compile.py), one compile and run of the model per candidate rank and a run of the default
+    schedules', then the final compile, timing, packaging and verification (`finish_seconds`); at most half
+    the budget. One compile and run is measured when the tuner asks, with its best so far, and the untuned
+    model is compiled apart beside it (build/untuned.py), so no later stage compiles it. None
     for a device measured elsewhere, where the model cannot be run here."""
     if ctx.budget_s is None or not ctx.device.runs_here:
         return None
@@ -271,14 +272,15 @@ def _budget_reserve(ctx: TargetBuild):
         from edgetune.selection import constant_bytes, rank_cost
 
         samples = ctx.model.sample_inputs()
+        ctx.untuned.start()  # compiled apart beside this compile, done before this timing and the next candidates'
         cost = rank_cost(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
-                         tvm.device(ctx.profile.device, 0), ctx.winograd)
+                         tvm.device(ctx.profile.device, 0), ctx.winograd, before_timing=ctx.untuned.library)
         one_rank = cost.total_s
         ctx.ranks_that_fit = ranks_that_fit(cost.compared_s, ctx.budget_s)
-        # the tuner's best, then the default schedules' model, the other ranks and the chosen model
-        compare = one_rank + (ctx.candidates + 1) * cost.compared_s if ctx.candidates > 1 else 0.0
-        # the comparison compiles the untuned model and the one to ship; without it the later stages do
-        finish = finish_seconds(cost, compiles=0 if ctx.candidates > 1 else 2,
+        # the tuner's best, then the default schedules' model (compiled already), the other ranks and the chosen one
+        compare = one_rank + cost.default_s + ctx.candidates * cost.compared_s if ctx.candidates > 1 else 0.0
+        # the comparison compiles the one to ship; without it the later stages do
+        finish = finish_seconds(cost, compiles=0 if ctx.candidates > 1 else 1,
                                 library_bytes=constant_bytes(ctx.relax_mod) * _LIBRARY_PER_WEIGHT_BYTE,
                                 thread_wait_ways=len(thread_wait_ways(ctx.recipe.package.thread_wait)))
         kept, ctx.finish_reserve_s = split_reserve(compare, finish, ctx.budget_s)

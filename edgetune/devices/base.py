@@ -51,8 +51,9 @@ class Device(ABC):
         with a `close()` that ends its worker processes."""
 
     @abstractmethod
-    def export_function(self) -> Callable | None:
-        """How a library is linked to be loaded there (`export_library`'s fcompile; None: TVM's default)."""
+    def link_compiler(self) -> str | None:
+        """The C compiler that links a library to be loaded there (`export_library`'s; None: TVM's default). A
+        command, not a function: the untuned model is compiled and linked in a process of its own."""
 
     @abstractmethod
     def latency_ms(self, library: Path, inputs: list[np.ndarray]) -> float:

@@ -40,7 +40,7 @@ class LocalDevice(Device):
 
         return local_builder_runner(cores, "cpu")
 
-    def export_function(self) -> Callable | None:
+    def link_compiler(self) -> str | None:
         return None
 
     def latency_ms(self, library: Path, inputs: list[np.ndarray]) -> float:

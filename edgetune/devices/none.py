@@ -4,7 +4,6 @@ its artifact is built from the records its store holds; measure and verify say t
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -34,7 +33,7 @@ class UnreachableDevice(Device):
     def tuning_builder_runner(self, cores: int, stop: threading.Event) -> tuple[Any, Any]:
         self._refuse()
 
-    def export_function(self) -> Callable | None:
+    def link_compiler(self) -> str | None:
         self._refuse()
 
     def latency_ms(self, library: Path, inputs: list[np.ndarray]) -> float:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,10 +37,8 @@ class RpcDevice(Device):
 
         return remote_builder_runner(self.remote, cores, self.remote.device, stop)
 
-    def export_function(self) -> Callable:
-        from tvm.support import cc
-
-        return cc.cross_compiler(self.remote.compiler)
+    def link_compiler(self) -> str:
+        return self.remote.compiler
 
     def latency_ms(self, library: Path, inputs: list[np.ndarray]) -> float:
         from edgetune.fleet.session import remote_latency_ms

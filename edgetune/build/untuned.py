@@ -1,0 +1,92 @@
+"""The untuned model, compiled and exported in a process of its own beside a compile of this one.
+
+A compile keeps one core busy: on a 2-core machine MobileNet-V2's tuned compile and export took 28.7 s alone and
+28.8 s with the untuned one (18.8 s alone) compiling beside it in another process. The untuned model is compiled
+once per target, for the manifest's untuned latency and as the default schedules of the in-model comparison.
+It starts beside the budget's reserve compile (build/tune.py) or else the first compile after tuning
+(build/compile.py), and whatever times anything here waits for it first: a compile beside a timing disturbs it.
+TVM's compile is not thread-safe (TOPI keeps a global tag), hence a process, not a thread.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from multiprocessing import get_context
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+
+class UntunedModel:
+    """The target's untuned model library, compiled apart once; `library()` waits for it."""
+
+    def __init__(self, relax_mod: Any, target: Any, winograd: Any, path: Path,
+                 link_compiler: Callable[[], str | None]) -> None:
+        self._relax_mod, self._target, self._winograd, self._path = relax_mod, target, winograd, path
+        self._link_compiler = link_compiler  # asked when the compile starts: a device that cannot link refuses
+        self._process: Any = None  # multiprocessing's SpawnProcess
+        self._receiver: Connection | None = None
+        self._library: Path | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._process is not None or self._library is not None
+
+    def start(self) -> None:
+        """Begin the compile in a fresh process, unless it began already."""
+        if self.started:
+            return
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        receiver, sender = get_context("spawn").Pipe(duplex=False)
+        arguments = pickle.dumps(self._arguments())  # read there after PyTorch is kept out (TVM imports it)
+        self._process = get_context("spawn").Process(target=_compile_apart, args=(sender, arguments), daemon=True)
+        self._process.start()
+        sender.close()  # the child holds the only sending end: its exit without a word reads as EOF here
+        self._receiver = receiver
+
+    def library(self) -> Path:
+        """The exported library, once compiled (started now if it had not been). Where the process failed or was
+        lost, the compile runs again in this process, so that a real error is raised here, as TVM's own."""
+        from edgetune.compile import export_untuned
+
+        self.start()
+        if self._library is None:
+            try:
+                self._library = Path(self._receiver.recv()) if self._receiver is not None else None
+            except EOFError:  # it ended without a library
+                self._library = None
+            finally:
+                self.close()
+            if self._library is None:
+                self._library = export_untuned(*self._arguments())
+        return self._library
+
+    def close(self) -> None:
+        """End the process: a build that failed or was stopped does not wait for its compile."""
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
+        if self._process is not None:
+            if self._process.is_alive():
+                self._process.terminate()
+            self._process.join()
+            self._process = None
+
+    def _arguments(self) -> tuple:
+        return self._relax_mod, self._target, self._winograd, self._path, self._link_compiler()
+
+
+def _compile_apart(sender: Connection, arguments: bytes) -> None:
+    """The process's work: compile and export, then send the library's path; on failure send nothing (the
+    parent compiles again and raises the error itself)."""
+    from edgetune.isolated import keep_torch_out
+
+    keep_torch_out()
+    from edgetune.compile import export_untuned
+
+    try:
+        path = export_untuned(*pickle.loads(arguments))
+    except Exception:  # noqa: BLE001  # any failure: the parent's own compile raises it, with TVM's message
+        return
+    sender.send(str(path))
