@@ -105,7 +105,7 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
     tuner's best model stays loaded, and each other rank's model is timed against it in turns
     (`_PAIRED_ROUNDS`), so a slow spell of the machine slows both sides of a comparison, not one rank.
     `deadline` (a `time.monotonic()` instant, the end of a tuning budget): after the tuner's best, the default
-    schedules' model is compiled and timed only if the previous model's time still fits before it, and a
+    schedules' model is timed only if that timing still fits before it (its compile too, without `untuned`), and a
     further rank only if twice that time does (this rank, and the model of the kernels' choices, compiled and
     timed whole after the last rank). `untuned` gives the default schedules' model, which is the untuned one,
     as the build compiled it apart (build/untuned.py): called before anything is timed, as it waits for that
@@ -139,26 +139,21 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
     comparison = _Comparison(best_us)
     stopped = False
     for rank in [DEFAULT_RANK, *range(1, max(map(len, ranked.values())))]:
-        started = time.monotonic()
-        if rank == DEFAULT_RANK:  # compiled apart: only timed (RankCost.default_s)
-            needed_s = (1 + _DEFAULT_TIMING_SHARE) * timing_s if default_library is not None else rank_s
-        else:  # another rank brings the chosen model's compile and timing after it
-            needed_s = 2 * rank_s
+        started, apart = time.monotonic(), rank == DEFAULT_RANK and default_library is not None
+        # compiled apart, the default schedules' model is only timed (RankCost.default_s); a rank other than the
+        # default brings the chosen model's compile and timing after it
+        needed_s = (1 + _DEFAULT_TIMING_SHARE) * timing_s if apart else rank_s * (1 if rank == DEFAULT_RANK else 2)
         if deadline is not None and started + needed_s > deadline:
             stopped = True
             break
-        compiled_here = rank != DEFAULT_RANK or default_library is None
-        if compiled_here:
-            executable = compile_model(relax_mod, target, _pick(ranked, dict.fromkeys(ranked, rank)), winograd)
-            other = _TimedModel(executable, device, arguments, workload_of)
-            del executable
-        else:
-            other = _TimedModel(tvm.runtime.load_module(str(default_library)), device, arguments, workload_of)
+        model = (tvm.runtime.load_module(str(default_library)) if apart else
+                 compile_model(relax_mod, target, _pick(ranked, dict.fromkeys(ranked, rank)), winograd))
+        other = _TimedModel(model, device, arguments, workload_of)
+        del model
         max_s = _DEFAULT_TIMING_SHARE * runs * sum(best_us.values()) / 1e6 if rank == DEFAULT_RANK else None
         comparison.ratios[rank] = _in_turns(best, other, runs, max_s)
         del other  # the next rank's compile needs the memory of this one's weights
-        if compiled_here:  # what the next rank costs
-            rank_s = time.monotonic() - started
+        rank_s = rank_s if apart else time.monotonic() - started  # what the next rank's compile and timing take
     selection = comparison.selection(ranked, workload_of, time.monotonic() - start, stopped)
     if all(choice.rank == 0 for choice in selection.choices.values()):
         return dataclasses.replace(selection, library=best_library)
@@ -189,7 +184,8 @@ changed rank: the model shipped 3% slower than the tuner's best (timed in turns 
 
 
 class _TimedModel:
-    """One compiled model loaded on the device, whose kernels are timed inside it, per tuned workload."""
+    """One compiled model loaded on the device (an executable compiled here, or a library loaded), whose
+    kernels are timed inside it, per tuned workload."""
 
     def __init__(self, executable, device: tvm.runtime.Device, arguments: list,
                  workload_of: dict[str, Workload]) -> None:
