@@ -43,7 +43,7 @@ def test_the_default_schedules_are_timed_in_the_untuned_model_compiled_apart(tmp
     from edgetune.compile import compile_model, export_library
 
     relax_mod, target, store, heaviest, inputs, _ = _strided_ranked_first(tmp_path, schedules=1)
-    apart = UntunedModel(relax_mod, target, None, tmp_path / "work" / "untuned.so", lambda: None)
+    apart = UntunedModel(relax_mod, target, None, tmp_path / "work" / "untuned.so", lambda: None, weight_bytes=0)
     events: list[str] = []
     real_compile, real_kernel_times = selection_module.compile_model, selection_module._kernel_times
 

@@ -97,8 +97,10 @@ class TargetBuild:
     @cached_property
     def untuned(self) -> UntunedModel:
         """The untuned model's library, compiled once in a process of its own beside a compile of this one."""
+        from edgetune.selection import constant_bytes
+
         return UntunedModel(self.relax_mod, self.tvm_target, self.winograd, self.work_dir / "untuned.so",
-                            self.device.link_compiler)
+                            self.device.link_compiler, constant_bytes(self.relax_mod), self.say)
 
     @property
     def candidates(self) -> int:

@@ -5,7 +5,9 @@ A compile keeps one core busy: on a 2-core machine MobileNet-V2's tuned compile 
 once per target, for the manifest's untuned latency and as the default schedules of the in-model comparison.
 It starts beside the budget's reserve compile (build/tune.py) or else the first compile after tuning
 (build/compile.py), and whatever times anything here waits for it first: a compile beside a timing disturbs it.
-TVM's compile is not thread-safe (TOPI keeps a global tag), hence a process, not a thread.
+TVM's compile is not thread-safe (TOPI keeps a global tag), hence a process, not a thread. The process holds
+a compile's memory of its own (an untuned ResNet-50, 102 MB of weights: 1.38 GB), so it runs only where the
+machine has that free beside this process's compile; elsewhere the untuned model is compiled here, after.
 """
 
 from __future__ import annotations
@@ -17,14 +19,23 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+COMPILE_BYTES_PER_WEIGHT_BYTE = 4
+COMPILE_BASE_BYTES = 1 << 30
+"""A compile's memory at its peak, at most this base plus this many times the model's weights (an untuned
+ResNet-50 compiled apart: 1.38 GB for 102 MB of weights, within 1.43 GB). Compiling apart needs twice that
+free: its own compile, and the one of this process beside it."""
+
 
 class UntunedModel:
     """The target's untuned model library, compiled apart once; `library()` waits for it."""
 
     def __init__(self, relax_mod: Any, target: Any, winograd: Any, path: Path,
-                 link_compiler: Callable[[], str | None]) -> None:
+                 link_compiler: Callable[[], str | None], weight_bytes: int,
+                 say: Callable[[str], None] = lambda message: None) -> None:
         self._relax_mod, self._target, self._winograd, self._path = relax_mod, target, winograd, path
         self._link_compiler = link_compiler  # asked when the compile starts: a device that cannot link refuses
+        self._needed_bytes = 2 * (COMPILE_BASE_BYTES + COMPILE_BYTES_PER_WEIGHT_BYTE * weight_bytes)
+        self._say, self._said = say, False
         self._process: Any = None  # multiprocessing's SpawnProcess
         self._receiver: Connection | None = None
         self._library: Path | None = None
@@ -34,8 +45,9 @@ class UntunedModel:
         return self._process is not None or self._library is not None
 
     def start(self) -> None:
-        """Begin the compile in a fresh process, unless it began already."""
-        if self.started:
+        """Begin the compile in a fresh process, unless it began already, or the machine lacks the memory for it
+        (then `library()` compiles it here)."""
+        if self.started or not self._memory_allows():
             return
         self._path.parent.mkdir(parents=True, exist_ok=True)
         receiver, sender = get_context("spawn").Pipe(duplex=False)
@@ -59,6 +71,7 @@ class UntunedModel:
             finally:
                 self.close()
             if self._library is None:
+                self._path.parent.mkdir(parents=True, exist_ok=True)
                 self._library = export_untuned(*self._arguments())
         return self._library
 
@@ -73,8 +86,25 @@ class UntunedModel:
             self._process.join()
             self._process = None
 
+    def _memory_allows(self) -> bool:
+        free = free_memory_bytes()
+        if free >= self._needed_bytes:
+            return True
+        if not self._said:
+            self._said = True
+            self._say(f"the untuned model is compiled on its own, not beside another compile: {free / 1e9:.1f} GB "
+                      f"of memory free, two compiles at once would need {self._needed_bytes / 1e9:.1f} GB")
+        return False
+
     def _arguments(self) -> tuple:
         return self._relax_mod, self._target, self._winograd, self._path, self._link_compiler()
+
+
+def free_memory_bytes() -> int:
+    """Memory the machine can give without swapping (the kernel's MemAvailable)."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
 
 
 def _compile_apart(sender: Connection, arguments: bytes) -> None:
