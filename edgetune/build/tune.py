@@ -272,7 +272,8 @@ def _budget_reserve(ctx: TargetBuild):
         from edgetune.selection import constant_bytes, rank_cost
 
         samples = ctx.model.sample_inputs()
-        ctx.untuned.start()  # compiled apart beside this compile, done before this timing and the next candidates'
+        # compiled apart beside this compile (short of memory: here, before the timing); done before any timing
+        ctx.untuned.start()
         cost = rank_cost(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
                          tvm.device(ctx.profile.device, 0), ctx.winograd, before_timing=ctx.untuned.library)
         one_rank = cost.total_s

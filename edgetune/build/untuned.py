@@ -7,7 +7,7 @@ It starts beside the budget's reserve compile (build/tune.py) or else the first 
 (build/compile.py), and whatever times anything here waits for it first: a compile beside a timing disturbs it.
 TVM's compile is not thread-safe (TOPI keeps a global tag), hence a process, not a thread. The process holds
 a compile's memory of its own (an untuned ResNet-50, 102 MB of weights: 1.38 GB), so it runs only where the
-machine has that free beside this process's compile; elsewhere the untuned model is compiled here, after.
+machine has that free beside this process's compile; elsewhere it is compiled here, when first asked for.
 """
 
 from __future__ import annotations
