@@ -116,5 +116,7 @@ def export_library(executable, path: Path, cross_compiler: str | None = None) ->
 
 def export_untuned(mod: tvm.IRModule, target: tvm.target.Target, winograd: WinogradPolicy | None, path: Path,
                    cross_compiler: str | None) -> Path:
-    """The untuned model (no records) compiled and exported to `path`: what build/untuned.py's process runs."""
+    """The untuned model (no records) compiled and exported to `path` (its directory made if need be): what
+    build/untuned.py runs, in its process or in this one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     return export_library(compile_model(mod, target, None, winograd), path, cross_compiler)

@@ -40,19 +40,15 @@ class UntunedModel:
         self._receiver: Connection | None = None
         self._library: Path | None = None
 
-    @property
-    def started(self) -> bool:
-        return self._process is not None or self._library is not None
-
     def start(self) -> None:
         """Begin the compile in a fresh process, unless it began already, or the machine lacks the memory for it
         (then `library()` compiles it here)."""
-        if self.started or not self._memory_allows():
+        if self._process is not None or self._library is not None or not self._memory_allows():
             return
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        receiver, sender = get_context("spawn").Pipe(duplex=False)
+        spawn = get_context("spawn")
+        receiver, sender = spawn.Pipe(duplex=False)
         arguments = pickle.dumps(self._arguments())  # read there after PyTorch is kept out (TVM imports it)
-        self._process = get_context("spawn").Process(target=_compile_apart, args=(sender, arguments), daemon=True)
+        self._process = spawn.Process(target=_compile_apart, args=(sender, arguments), daemon=True)
         self._process.start()
         sender.close()  # the child holds the only sending end: its exit without a word reads as EOF here
         self._receiver = receiver
@@ -63,16 +59,15 @@ class UntunedModel:
         from edgetune.compile import export_untuned
 
         self.start()
-        if self._library is None:
+        if self._library is None and self._receiver is not None:
             try:
-                self._library = Path(self._receiver.recv()) if self._receiver is not None else None
+                self._library = Path(self._receiver.recv())
             except EOFError:  # it ended without a library
-                self._library = None
+                pass
             finally:
                 self.close()
-            if self._library is None:
-                self._path.parent.mkdir(parents=True, exist_ok=True)
-                self._library = export_untuned(*self._arguments())
+        if self._library is None:
+            self._library = export_untuned(*self._arguments())
         return self._library
 
     def close(self) -> None:
