@@ -253,11 +253,16 @@ def test_short_tuning_run_improves_on_its_first_batch(tmp_path):
 
     profile = load_profile("host")
     batches: list[float] = []
+    failures: list[str] = []
+    measured = [0]
 
     @derived_object
     class BatchBest(PyMeasureCallback):
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
             seconds = [np.mean([float(s) for s in r.run_secs]) for r in runner_results if r.error_msg is None]
+            failures.extend(str(b.error_msg or r.error_msg)[:300] for b, r in zip(builder_results, runner_results)
+                            if b.error_msg is not None or r.error_msg is not None)
+            measured[0] += len(runner_results)
             batches.append(min(seconds) if seconds else np.inf)
 
     model = RankingCostModel(num_threads=2, path=tmp_path / "cost_model.npz")
@@ -278,7 +283,10 @@ def test_short_tuning_run_improves_on_its_first_batch(tmp_path):
     assert len(batches) == 6 and np.isfinite(batches[0])
     assert batches[0] * 20 < unscheduled_matmul_seconds(384, profile.tvm_target())
     assert min(batches[1:]) < batches[0] * 1.10
-    assert model.size == 24 and (tmp_path / "cost_model.npz").exists()
+    # MetaSchedule's UpdateCostModel hands the model only what built and ran, and the model keeps every one of
+    # them (on CI the model once held 23 of 24)
+    assert 22 <= measured[0] <= 24 and len(failures) <= 2, failures
+    assert model.size == measured[0] - len(failures) and (tmp_path / "cost_model.npz").exists()
 
 
 @pytest.mark.slow
