@@ -92,6 +92,22 @@ def test_on_this_machine_a_candidate_is_linked_by_the_builder_and_only_loaded_by
             shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
+def test_a_candidate_that_fails_to_link_leaves_no_directory_behind(tmp_path, monkeypatch) -> None:
+    """MetaSchedule removes a built candidate's directory after its run; one whose link failed has no artifact
+    to remove, so the export removes its directory itself (after a test run, /tmp here held 31 empty ones)."""
+    import tempfile
+
+    from edgetune.tuning.builder import export_shared_object
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    module = tvm.compile(_vector_add(), target="llvm")
+    with pytest.raises(Exception, match="no-such-compiler"):
+        export_shared_object(str(tmp_path / "no-such-compiler"), module)
+    assert list(tmp_path.iterdir()) == []
+    linked = export_shared_object(None, module)
+    assert os.path.dirname(linked) != str(tmp_path) and os.path.isfile(linked)
+
+
 def test_a_job_past_its_timeout_is_killed_and_the_next_job_gets_a_fresh_worker() -> None:
     pool = WorkerPool(1, timeout=None)
     try:

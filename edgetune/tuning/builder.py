@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -40,11 +41,16 @@ def export_shared_object(compiler: str | None, module) -> str:
     compiler, or with None as TVM links a library for this machine."""
     from tvm.support import cc
 
-    path = os.path.join(tempfile.mkdtemp(prefix="edgetune-candidate-"), "candidate.so")
-    if compiler is None:
-        module.export_library(path)
-    else:
-        module.export_library(path, fcompile=cc.cross_compiler(compiler))
+    directory = tempfile.mkdtemp(prefix="edgetune-candidate-")
+    path = os.path.join(directory, "candidate.so")
+    try:
+        if compiler is None:
+            module.export_library(path)
+        else:
+            module.export_library(path, fcompile=cc.cross_compiler(compiler))
+    except BaseException:  # a failed link leaves no directory behind (the runner removes the linked ones)
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
     return path
 
 
