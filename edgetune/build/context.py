@@ -95,12 +95,17 @@ class TargetBuild:
         return WinogradPolicy(self.profile.hardware.peak_gflops, self.profile.hardware.memory_bandwidth_gbs)
 
     @cached_property
-    def untuned(self) -> UntunedModel:
-        """The untuned model's library, compiled once in a process of its own beside a compile of this one."""
+    def weight_bytes(self) -> int:
+        """Bytes of the model's weights: what a compile's memory and the exported library grow with."""
         from edgetune.selection import constant_bytes
 
+        return constant_bytes(self.relax_mod)
+
+    @cached_property
+    def untuned(self) -> UntunedModel:
+        """The untuned model's library, compiled once in a process of its own beside a compile of this one."""
         return UntunedModel(self.relax_mod, self.tvm_target, self.winograd, self.work_dir / "untuned.so",
-                            self.device.link_compiler, constant_bytes(self.relax_mod), self.say)
+                            self.device.link_compiler, self.weight_bytes, self.say)
 
     @property
     def candidates(self) -> int:

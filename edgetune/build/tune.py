@@ -269,7 +269,7 @@ def _budget_reserve(ctx: TargetBuild):
     def reserve() -> float:
         import tvm
 
-        from edgetune.selection import constant_bytes, rank_cost
+        from edgetune.selection import rank_cost
 
         samples = ctx.model.sample_inputs()
         # compiled apart beside this compile (short of memory: here, before the timing); done before any timing
@@ -282,7 +282,7 @@ def _budget_reserve(ctx: TargetBuild):
         compare = one_rank + cost.default_s + ctx.candidates * cost.compared_s if ctx.candidates > 1 else 0.0
         # the comparison compiles the one to ship; without it the later stages do
         finish = finish_seconds(cost, compiles=0 if ctx.candidates > 1 else 1,
-                                library_bytes=constant_bytes(ctx.relax_mod) * _LIBRARY_PER_WEIGHT_BYTE,
+                                library_bytes=ctx.weight_bytes * _LIBRARY_PER_WEIGHT_BYTE,
                                 thread_wait_ways=len(thread_wait_ways(ctx.recipe.package.thread_wait)))
         kept, ctx.finish_reserve_s = split_reserve(compare, finish, ctx.budget_s)
         ctx.say(f"one compile and run of the model took {one_rank:.0f} s: the tuning budget keeps {kept:.0f} s, "
