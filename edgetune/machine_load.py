@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,3 +110,22 @@ def _descendants(processes: dict[int, _Process], root: int) -> set[int]:
                 found.add(child)
                 pending.append(child)
     return found
+
+
+@contextmanager
+def low_priority_busy_process() -> Iterator[None]:
+    """A busy loop at nice 19 for the duration of the block, ended with it: the other work an artifact most often
+    meets on a shared machine (a batch job at low priority), beside which the build times the ways the artifact's
+    threads can wait (build/measure.py). It is this process's child, so the tuning's load readings never see it."""
+    loop = subprocess.Popen([sys.executable, "-c", "import os\nos.nice(19)\nwhile True: pass"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(BUSY_START_S)  # its interpreter started and looping
+        yield
+    finally:
+        loop.kill()
+        loop.wait()
+
+
+BUSY_START_S = 0.2
+"""What a Python busy loop takes to start looping (its interpreter's start)."""

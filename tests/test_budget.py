@@ -153,14 +153,15 @@ def test_the_stages_after_the_comparison_keep_about_what_they_took_in_real_build
     assert 22 <= kept(9.0, 7.0, 59.9) <= 36
     assert 34 <= kept(9.0, 9.0, 59.9, compiles=2) <= 50
     assert 30 <= kept(22.0, 20.0, 121.0) <= 45
-    assert 12 <= kept(10.0, 1.6, 18.0) <= 24
+    assert 12 <= kept(10.0, 1.6, 18.0) <= 27  # 14 s, and since then the timing each way beside a busy process
     assert kept(0.05, 0.01, 0.1) < 14  # a tiny model: 0.2 s of runs per timing, no slow untuned calls
     # an untuned model that runs seconds a call: a warm-up and one timed call (an untuned ResNet-50, 4.7-6.9 s)
     assert kept(22.0, 35.0, 121.0) - kept(22.0, 20.0, 121.0) > 2 * 200 * 0.015 - 1
     # each model still to compile after the comparison adds a compile
     assert kept(25.0, 12.0, 40.0, compiles=2) == kept(25.0, 12.0, 40.0) + 50.0
-    # a recipe that says how the threads wait (package.thread_wait) times the model one way, not both
-    assert kept(25.0, 12.0, 40.0) - 8 < kept(25.0, 12.0, 40.0, ways=1) < kept(25.0, 12.0, 40.0) - 3
+    # a recipe that says how the threads wait (package.thread_wait) times the model one way, not both, and not
+    # beside a busy process (3 rounds and the busy one of 1.75 s a timing: 9 s)
+    assert kept(25.0, 12.0, 40.0) - 11 < kept(25.0, 12.0, 40.0, ways=1) < kept(25.0, 12.0, 40.0) - 6
 
 
 def test_a_budget_too_short_for_the_stages_after_tuning_says_by_how_much_the_build_will_overrun_it() -> None:

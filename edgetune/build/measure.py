@@ -11,8 +11,8 @@ from typing import Literal
 import numpy as np
 
 from edgetune.build.context import TargetBuild
+from edgetune.machine_load import low_priority_busy_process
 from edgetune.runtime import (
-    SLEEPING_COST_ACCEPTED,
     TIMING_ROUNDS,
     ThreadWait,
     each_in_turns,
@@ -27,13 +27,15 @@ SPREAD_NOTED = 1.1
 @dataclass(frozen=True)
 class ThreadWaitChoice:
     """How the artifact's CPU threads wait for work, who chose it ("measured": the build, from the tuned model's
-    idle latencies; "recipe": `package.thread_wait`), and those latencies (ms, medians of the rounds; None: that
-    way was not timed here)."""
+    latencies; "recipe": `package.thread_wait`), and those latencies (ms; idle: medians of the rounds; busy: beside
+    a low-priority busy process; None: not timed so here)."""
 
     policy: ThreadWait
     chosen_by: Literal["measured", "recipe"]
     spinning_ms: float | None
     sleeping_ms: float | None
+    spinning_busy_ms: float | None = None
+    sleeping_busy_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
         ctx.say(f"timing tuned and untuned on the device ({device.where})")
     inputs = ctx.sample_list(samples)
     timed_ways: dict[str, list[float]] | None = None
-    reference_ms = None
+    reference_ms, busy = None, None
     # the timers' processes start while the untuned model's compile ends, if it has not
     with device.thread_wait_timers(library, inputs, thread_wait_ways(wanted)) as timers:
         untuned = ctx.untuned.library()
@@ -74,9 +76,10 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
                                    TIMING_ROUNDS)
             reference_ms = rounds.pop("reference")
             timed_ways = rounds if timers else None
+            busy = timed_beside_busy_process(timers) if timers and len(timers) > 1 else None
         else:
             rounds = {"tuned": [device.latency_ms(library, inputs)]}
-    thread_wait = choose_thread_wait(wanted, timed_ways, ctx.say)
+    thread_wait = choose_thread_wait(wanted, timed_ways, ctx.say, busy)
     tuned_ms = rounds[thread_wait.policy] if timed_ways and thread_wait else rounds["tuned"]
     if reference_ms:
         _say_spread(ctx, "tuned model", tuned_ms)
@@ -86,27 +89,39 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
                    thread_wait=thread_wait)
 
 
+def timed_beside_busy_process(timers: dict[str, Callable[[], float]]) -> dict[str, float]:
+    """The tuned model timed once each way (ms) beside a low-priority busy process: what spinning costs where
+    the artifact shares the machine, against what sleeping costs idle."""
+    with low_priority_busy_process():
+        return {way: timer() for way, timer in timers.items()}
+
+
 def choose_thread_wait(wanted: ThreadWait | Literal["auto"], timed: dict[str, list[float]] | None,
-                       say: Callable[[str], None]) -> ThreadWaitChoice | None:
-    """How the artifact's threads wait for work: the recipe's way, or ("auto") sleeping where the tuned model was
-    timed both ways here and sleeping cost it at most SLEEPING_COST_ACCEPTED (robust beside other busy processes,
-    where spinning threads hand them the cores: runtime.SPIN_COUNT_ENV); None keeps TVM's default. `timed`: the
-    model's rounds (ms) per way it was timed in (None: not timed so, as over RPC)."""
+                       say: Callable[[str], None], busy: dict[str, float] | None = None) -> ThreadWaitChoice | None:
+    """How the artifact's threads wait for work: the recipe's way, or ("auto") where the tuned model was timed both
+    ways here, runtime.thread_wait_policy's: sleeping unless it costs more idle than spinning costs beside a busy
+    process (spinning threads hand such a process the cores: runtime.SPIN_COUNT_ENV), and at least
+    runtime.SLEEPING_COST_ACCEPTED; None keeps TVM's default. `timed`: the model's idle rounds (ms) per way it was timed in
+    (None: not timed so, as over RPC); `busy`: its ms per way beside a low-priority busy process."""
     medians = {way: float(np.median(rounds)) for way, rounds in (timed or {}).items()}
     spinning, sleeping = medians.get("spin"), medians.get("sleep")
+    spinning_busy, sleeping_busy = (busy or {}).get("spin"), (busy or {}).get("sleep")
     if wanted != "auto":
         say(f"the artifact's threads {wanted} while they wait for work, as the recipe says (package.thread_wait)")
         return ThreadWaitChoice(wanted, "recipe", spinning, sleeping)
     if spinning is None or sleeping is None:
         return None
-    choice = ThreadWaitChoice(thread_wait_policy(spinning, sleeping), "measured", spinning, sleeping)
+    choice = ThreadWaitChoice(thread_wait_policy(spinning, sleeping, spinning_busy, sleeping_busy), "measured",
+                              spinning, sleeping, spinning_busy, sleeping_busy)
     cost = f"{sleeping:.3f} ms with them sleeping against {spinning:.3f} ms spinning"
+    if spinning_busy is not None and sleeping_busy is not None:
+        cost += f"; beside a low-priority busy process {sleeping_busy:.3f} against {spinning_busy:.3f} ms"
     if choice.policy == "sleep":
         say(f"the artifact's threads sleep while they wait for work ({cost}): other busy processes "
             "keep their share of the cores")
     else:
-        say(f"the artifact's threads spin while they wait for work ({cost}, more than "
-            f"{SLEEPING_COST_ACCEPTED:.2f}x): beside other busy processes it slows down more")
+        say(f"the artifact's threads spin while they wait for work ({cost}): sleeping costs it more idle than "
+            "spinning costs it beside other work")
     return choice
 
 

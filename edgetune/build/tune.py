@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from edgetune.build.context import Event, TargetBuild
 from edgetune.frontend.onnx import fuse_for_tuning
 from edgetune.isolated import LOADED_APART_BYTES
+from edgetune.machine_load import BUSY_START_S
 from edgetune.report.summary import TargetResult
 from edgetune.runtime import SPIN_DOWN_S, TIMING_ROUNDS, thread_wait_ways, time_model_seconds
 from edgetune.tuning.builder import STRAGGLER_FACTOR
@@ -197,13 +198,15 @@ _ARCHIVE_BYTES_PER_S = 30e6
 def finish_seconds(cost: RankCost, compiles: int, library_bytes: float, thread_wait_ways: int = 2) -> float:
     """What the stages after the in-model comparison take, step by step as they run (build/measure.py,
     build/verify.py), from one compile and run of the model measured here: compile what is still to compile,
-    time the tuned model in its timers' processes and the reference in turns, time the untuned model, run and
-    archive the artifact. Charging a fresh process per timing and 15 s for any untuned model that runs a
+    time the tuned model in its timers' processes and the reference in turns (and each way once beside a busy
+    process), time the untuned model, run and archive the artifact. Charging a fresh process per timing and 15 s for any untuned model that runs a
     second or more had kept 55 s for a ResNet-18 whose stages took 26 s, and its 5-minute builds ended 8-15%
     early."""
     timing_s = time_model_seconds(cost.inference_s) + _TIMING_OVERHEAD_S
     apart_s = _PROCESS_S if library_bytes > LOADED_APART_BYTES else 0.0
     rounds_s = _PROCESS_S + TIMING_ROUNDS * (thread_wait_ways * (timing_s + SPIN_DOWN_S) + timing_s)
+    if thread_wait_ways > 1:  # and once each way beside a low-priority busy process (build/measure.py)
+        rounds_s += BUSY_START_S + thread_wait_ways * (timing_s + SPIN_DOWN_S)
     untuned_s = apart_s + time_model_seconds(_UNTUNED_SLOWDOWN * cost.inference_s) + _TIMING_OVERHEAD_S
     verify_s = apart_s + cost.inference_s + library_bytes / _ARCHIVE_BYTES_PER_S
     return compiles * cost.compile_s + rounds_s + untuned_s + verify_s

@@ -126,13 +126,16 @@ class LatencyFacts(_Part):
 
 class ThreadWaitFacts(_Part):
     """How the artifact's CPU threads wait for work (`run.py` and `deploy` set TVM's spin count from io.json), who
-    chose it (the build, measuring; or the recipe's `package.thread_wait`), and the tuned model's idle latencies,
-    in ms, with them spinning and sleeping (None: not timed that way here)."""
+    chose it (the build, measuring; or the recipe's `package.thread_wait`), and the tuned model's latencies, in
+    ms, with them spinning and sleeping: idle, and beside a low-priority busy process the build started (None: not
+    timed that way here)."""
 
     policy: Literal["spin", "sleep"]
     chosen_by: Literal["measured", "recipe"] = "measured"
     spinning_ms: Number | None = None
     sleeping_ms: Number | None = None
+    spinning_busy_ms: Number | None = None
+    sleeping_busy_ms: Number | None = None
 
 
 class Verification(_Part):
