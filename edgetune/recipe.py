@@ -293,8 +293,9 @@ class PackageSpec(_Strict):
     thread_wait: Literal["auto", "spin", "sleep"] = "auto"
     """How the artifact's CPU threads wait for work (TVM's spin count, set by `run.py` and `deploy`): "spin"
     (TVM's default) is fastest on a device that runs nothing else, "sleep" keeps the model's speed beside other
-    busy processes; "auto" times both on a target measured on this machine and sleeps unless that costs more
-    than 5% (build/measure.py), and keeps TVM's default on the others."""
+    busy processes; "auto" times both on a target measured on this machine, idle and beside a low-priority busy
+    process, and sleeps unless that costs more idle than spinning costs beside it, and more than 5%
+    (build/measure.py); it keeps TVM's default on the others."""
 
 
 class TrackerSpec(_Strict):
