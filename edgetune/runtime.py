@@ -207,9 +207,10 @@ SPIN_DOWN_S = 0.15
 core, at 0.15-0.3 us a yield): a timing in another process starts this long after."""
 
 SLEEPING_COST_ACCEPTED = 1.05
-"""An artifact's threads sleep while they wait (spin count 0) unless that makes the model more than this much
-slower on the idle build machine: it costs a wake-up per parallel loop, a few percent of a ResNet-18 and up to
-a quarter of a MobileNet-V2 (many short kernels)."""
+"""An artifact's threads sleep while they wait (spin count 0) where that makes the model at most this much slower
+on the idle build machine, or more where spinning costs it more beside a busy process (`thread_wait_policy`):
+sleeping costs a wake-up per parallel loop, a few percent of a ResNet-18 and up to a quarter of a MobileNet-V2
+(many short kernels)."""
 
 ThreadWait = Literal["spin", "sleep"]
 
@@ -219,8 +220,8 @@ def thread_wait_policy(spinning_ms: float, sleeping_ms: float, spinning_busy_ms:
     """How an artifact's CPU threads wait for work, from the model's latency timed both ways on an idle machine
     and, where given, beside a low-priority busy process: the way whose loss against the other is the smaller one,
     idle or busy. Sleeping is accepted idle up to SLEEPING_COST_ACCEPTED, or up to what spinning costs beside the
-    busy process where that is more: a ResNet-18 artifact that slept 5-21% slower idle (AVX2 VM, 4 sets of 3 rounds)
-    ran 1.64x slower spinning beside one nice-19 loop, 4.5x beside one at normal priority."""
+    busy process where that is more: a ResNet-18 artifact that slept 5-21% slower idle (AVX2 VM, 4 sets of 3
+    rounds) ran 1.59-1.67x slower spinning beside one nice-19 loop, 3.9-4.5x beside one at normal priority."""
     accepted = SLEEPING_COST_ACCEPTED
     if spinning_busy_ms is not None and sleeping_busy_ms is not None:
         accepted = max(accepted, spinning_busy_ms / sleeping_busy_ms)

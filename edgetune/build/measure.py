@@ -101,8 +101,8 @@ def choose_thread_wait(wanted: ThreadWait | Literal["auto"], timed: dict[str, li
     """How the artifact's threads wait for work: the recipe's way, or ("auto") where the tuned model was timed both
     ways here, runtime.thread_wait_policy's: sleeping unless it costs more idle than spinning costs beside a busy
     process (spinning threads hand such a process the cores: runtime.SPIN_COUNT_ENV), and at least
-    runtime.SLEEPING_COST_ACCEPTED; None keeps TVM's default. `timed`: the model's idle rounds (ms) per way it was timed in
-    (None: not timed so, as over RPC); `busy`: its ms per way beside a low-priority busy process."""
+    runtime.SLEEPING_COST_ACCEPTED; None keeps TVM's default. `timed`: the model's idle rounds (ms) per way it
+    was timed in (None: not timed so, as over RPC); `busy`: its ms per way beside a low-priority busy process."""
     medians = {way: float(np.median(rounds)) for way, rounds in (timed or {}).items()}
     spinning, sleeping = medians.get("spin"), medians.get("sleep")
     spinning_busy, sleeping_busy = (busy or {}).get("spin"), (busy or {}).get("sleep")

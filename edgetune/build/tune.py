@@ -199,9 +199,9 @@ def finish_seconds(cost: RankCost, compiles: int, library_bytes: float, thread_w
     """What the stages after the in-model comparison take, step by step as they run (build/measure.py,
     build/verify.py), from one compile and run of the model measured here: compile what is still to compile,
     time the tuned model in its timers' processes and the reference in turns (and each way once beside a busy
-    process), time the untuned model, run and archive the artifact. Charging a fresh process per timing and 15 s for any untuned model that runs a
-    second or more had kept 55 s for a ResNet-18 whose stages took 26 s, and its 5-minute builds ended 8-15%
-    early."""
+    process), time the untuned model, run and archive the artifact. Charging a fresh process per timing and 15 s
+    for any untuned model that runs a second or more had kept 55 s for a ResNet-18 whose stages took 26 s, and its
+    5-minute builds ended 8-15% early."""
     timing_s = time_model_seconds(cost.inference_s) + _TIMING_OVERHEAD_S
     apart_s = _PROCESS_S if library_bytes > LOADED_APART_BYTES else 0.0
     rounds_s = _PROCESS_S + TIMING_ROUNDS * (thread_wait_ways * (timing_s + SPIN_DOWN_S) + timing_s)
