@@ -204,9 +204,10 @@ def finish_seconds(cost: RankCost, compiles: int, library_bytes: float, thread_w
     5-minute builds ended 8-15% early."""
     timing_s = time_model_seconds(cost.inference_s) + _TIMING_OVERHEAD_S
     apart_s = _PROCESS_S if library_bytes > LOADED_APART_BYTES else 0.0
-    rounds_s = _PROCESS_S + TIMING_ROUNDS * (thread_wait_ways * (timing_s + SPIN_DOWN_S) + timing_s)
+    ways_s = thread_wait_ways * (timing_s + SPIN_DOWN_S)  # the tuned model timed once each way
+    rounds_s = _PROCESS_S + TIMING_ROUNDS * (ways_s + timing_s)
     if thread_wait_ways > 1:  # and once each way beside a low-priority busy process (build/measure.py)
-        rounds_s += BUSY_START_S + thread_wait_ways * (timing_s + SPIN_DOWN_S)
+        rounds_s += BUSY_START_S + ways_s
     untuned_s = apart_s + time_model_seconds(_UNTUNED_SLOWDOWN * cost.inference_s) + _TIMING_OVERHEAD_S
     verify_s = apart_s + cost.inference_s + library_bytes / _ARCHIVE_BYTES_PER_S
     return compiles * cost.compile_s + rounds_s + untuned_s + verify_s
