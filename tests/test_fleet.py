@@ -191,8 +191,24 @@ def test_runner_retries_a_hung_server_elsewhere_and_names_a_lost_key(tracker_wit
     assert time.monotonic() - started >= 2.0  # it cost one timeout
     assert not stop.is_set() and runner.lost is None
 
+    # both servers hang, then die mid-measurement: the tracker stops listing them and the runner cuts its
+    # sessions then, not after their 60-s timeout (a board killed mid-tune cost a build 40 s)
+    kill(servers[1], signal.SIGSTOP)
+    patient_stop = threading.Event()
+    patient = RetryingRPCRunner(RemoteDevice(host, int(port), KEY, 60.0, "gcc"), patient_stop)
+    measured: list = []
+    measuring = threading.Thread(target=lambda: measured.extend(f.result() for f in patient.run(inputs[:2])))
+    started = time.monotonic()
+    measuring.start()
+    time.sleep(1.0)
     for server in servers:
         kill(server)
+    measuring.join(timeout=120)
+    assert time.monotonic() - started < 20, time.monotonic() - started
+    assert len(measured) == 2 and all(r.error_msg and "the tracker lists no server" in r.error_msg for r in measured)
+    assert patient_stop.is_set() and "(the tracker lists none)" in patient.lost
+    patient.close()
+
     deadline = time.monotonic() + 30
     while tracker.query(address).key(KEY).total and time.monotonic() < deadline:  # the tracker sees them go
         time.sleep(0.1)

@@ -8,12 +8,14 @@ once more, to whichever server the tracker hands out next; what fails again is r
 failure, never as a fast result. When the key has no server left, the runner stops the tuning
 loop and names the key: a batch that finds no server at all is not recorded (resuming measures it),
 one that loses the last server midway is committed first (what was measured, and the rest as
-failures).
+failures). While a batch is measured the tracker is asked every 2 s whether the key still has a
+server: a board killed mid-measurement is noticed then, not after the session timeout.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import (
@@ -36,6 +38,15 @@ from edgetune.tuning.worker_pool import WorkerPool
 
 _CONNECT_GRACE_S = 10.0
 """Beyond the session timeout: time to get a server from the tracker and connect to it."""
+
+_TRACKER_POLL_S = 2.0
+"""While a batch is measured, how often the tracker is asked whether the key still has a server."""
+
+_DONE_POLL_S = 0.01
+"""How often a batch's futures are checked (a batch takes a second or more: 1% or less added)."""
+
+_LOST_WHILE_MEASURING = "RPCRunner: Timeout cut short: the tracker lists no server under the key any more"
+"""The error of a measurement cut off because its server left the tracker (read as a failed connection)."""
 
 _CONNECT_FAILED = (
     "RPCRunner: Timeout",  # no answer within the session timeout and a grace: a hung or unreachable server
@@ -69,6 +80,16 @@ def lost_contact(result: RunnerResult) -> bool:
     return connect_failed(result) or (
         result.error_msg is not None and any(sign in result.error_msg for sign in _SESSION_BROKEN)
     )
+
+
+def _wait_for(futures: list[RunnerFuture], timeout_s: float) -> bool:
+    """Waits up to `timeout_s` for every future (MetaSchedule's futures can only be polled); True when all are done."""
+    deadline = time.monotonic() + timeout_s
+    while not all(future.done() for future in futures):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_DONE_POLL_S)
+    return True
 
 
 def _run_secs(result: RunnerResult) -> list:
@@ -139,7 +160,30 @@ class RetryingRPCRunner(PyRunner):
                 for i, r in enumerate(results)]
 
     def _measure(self, runner_inputs: list[RunnerInput]) -> list[RunnerResult]:
-        return [future.result() for future in self.inner.run(runner_inputs)]
+        """The batch's results; what was still running or waiting when the key's last server left the tracker
+        is cut off then, not after the session timeout, and reads as a failed connection."""
+        futures = self.inner.run(runner_inputs)
+        unfinished = self._wait_while_a_server_is_listed(futures)
+        while not all(future.done() for future in futures):
+            self.inner.pool.cut_running()  # a job that starts after a cut is cut at the next one
+            _wait_for(futures, _TRACKER_POLL_S)
+        results = [future.result() for future in futures]
+        return [RunnerResult(None, error_msg=_LOST_WHILE_MEASURING) if i in unfinished and r.error_msg else r
+                for i, r in enumerate(results)]
+
+    def _wait_while_a_server_is_listed(self, futures: list[RunnerFuture]) -> set[int]:
+        """Waits for `futures`; returns the indices of those not done once the tracker answered twice in a row that
+        the key has no server (a board killed mid-measurement, a key that emptied while a request waited)."""
+        empty_answers = 0
+        while not _wait_for(futures, _TRACKER_POLL_S):
+            try:
+                listed = tracker.query(self.remote.tracker, timeout_s=_TRACKER_POLL_S).key(self.remote.key).total
+            except BuildError:
+                listed = None  # a tracker that does not answer now says nothing about the servers
+            empty_answers = empty_answers + 1 if listed == 0 else 0
+            if empty_answers >= 2:
+                return {i for i, future in enumerate(futures) if not future.done()}
+        return set()
 
     def close(self) -> None:
         self.inner.pool.shutdown()

@@ -101,6 +101,7 @@ class WorkerPool(PopenPoolExecutor):
                  uses_per_worker: int = _USES_PER_WORKER) -> None:
         super().__init__(max_workers=max_workers, timeout=timeout, initializer=ignore_interrupts,
                          maximum_process_uses=uses_per_worker, stderr=stderr)
+        self._running: set[Job] = set()
 
     def submit_with_timeout(self, timeout: float | None, fn, *args) -> Future:
         """`fn(*args)` on a worker, killed after `timeout` seconds (None: never)."""
@@ -127,10 +128,20 @@ class WorkerPool(PopenPoolExecutor):
             worker = self._worker_map[thread]
         worker.send(fn, args, kwargs, timeout)
         job.mark_started(worker)
+        with self._lock:
+            self._running.add(job)
         try:
             return worker.recv()
         finally:
             job.mark_ended()
+            with self._lock:
+                self._running.discard(job)
+
+    def cut_running(self) -> int:
+        """Kills the workers of every job running now (their futures raise); how many were cut."""
+        with self._lock:
+            running = list(self._running)
+        return sum(job.cut() for job in running)
 
     def shutdown(self, wait: bool = True) -> None:
         """Ends the workers; a pool shared by a builder and a runner is shut down by whichever closes first."""
