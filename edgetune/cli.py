@@ -55,6 +55,10 @@ def _command(typer_app: typer.Typer, *args: Any, **kwargs: Any) -> Callable[[Cal
     def register(function: Callable) -> Callable:
         @functools.wraps(function)
         def run(*call_args: Any, **call_kwargs: Any) -> Any:
+            if "recipes" in call_kwargs:
+                _keep_torch_out_unless_needed(call_kwargs["recipes"] or [None])
+            else:
+                _keep_torch_out_unless_needed([call_kwargs.get("recipe")])
             try:
                 return function(*call_args, **call_kwargs)
             except EdgetuneError as exc:
@@ -105,7 +109,6 @@ def build(
     from edgetune.fleet.endpoints import override_connection
     from edgetune.recipe import load_default_recipe, load_recipe
 
-    _keep_torch_out_unless_needed([recipe])
     try:
         if recipe is None:
             out.print("no recipe given: building the default recipe (ResNet-18 for this machine) into ./build",
@@ -130,9 +133,11 @@ def build(
 
 
 def _keep_torch_out_unless_needed(recipes: list[Path | None]) -> None:
-    """A build of ONNX and zoo models never uses PyTorch, which TVM would import (200 MB, 2 s). Decided from
-    the files before they are checked (checking a recipe imports TVM); a file that cannot be read is left to
-    the check. Only the `edgetune` command's own process refuses it: a caller of this module may want it."""
+    """Only a torch.export model uses PyTorch, which TVM imports whenever it can (200 MB, 2 s of every command
+    that imports TVM: `targets` took 5.0 s with it). Decided for every command from the recipe files it names
+    (None: the default recipe, or none), before they are checked (checking a recipe imports TVM); a file that
+    cannot be read is left to the check. Only the `edgetune` command's own process refuses it: a caller of this
+    module may want it."""
     if not _RUNS_AS_COMMAND:
         return
     for path in recipes:
@@ -156,7 +161,6 @@ def _build_release(recipes: list[Path], target: list[str] | None, json_path: Pat
     from edgetune.workers import parse_workers
 
     release_dir = release_dir if release_dir is not None else DEFAULT_RELEASE_DIR
-    _keep_torch_out_unless_needed(list(recipes) or [None])
     try:
         if rpc is not None:
             raise InputError("--rpc-tracker/--rpc-key set one target's connection: build a single recipe for that")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -72,3 +75,15 @@ def test_progress_counts_trials_against_a_trial_count_only_where_the_recipe_gave
     budgeted = TaskProgress(1, 34, "fused_conv2d", 16, UNBOUNDED_TRIALS, 83.0, 12.0, 600.0)
     counted = TaskProgress(1, 34, "fused_conv2d", 16, 64, 83.0, 12.0, None)
     assert budgeted.trials_text == "16 trials" and counted.trials_text == "16/64 trials"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed: nothing to keep out")
+def test_commands_without_a_torch_model_import_tvm_but_never_pytorch() -> None:
+    """TVM imports PyTorch whenever it can (2 s of every command): only a torch.export recipe needs it."""
+    for args in (["targets"], ["validate", "recipes/host.yaml"], ["records", "check", "recipes/host.yaml"]):
+        run = subprocess.run([sys.executable, "-X", "importtime", "-m", "edgetune", *args], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode in (0, 1), run.stderr[-2000:]
+        imported = {line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines()
+                    if line.startswith("import time:")}
+        assert "tvm" in imported and "torch._C" not in imported, args  # a refused import is listed, its parts not
