@@ -82,7 +82,7 @@ def test_commands_without_a_torch_model_import_tvm_but_never_pytorch() -> None:
     """TVM imports PyTorch whenever it can (2 s of every command): only a torch.export recipe needs it."""
     for args in (["targets"], ["validate", "recipes/host.yaml"], ["records", "check", "recipes/host.yaml"]):
         run = subprocess.run([sys.executable, "-X", "importtime", "-m", "edgetune", *args], cwd=REPO,
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=120, check=False)
         assert run.returncode in (0, 1), run.stderr[-2000:]
         imported = {line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines()
                     if line.startswith("import time:")}
