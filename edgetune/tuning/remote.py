@@ -176,11 +176,8 @@ class RetryingRPCRunner(PyRunner):
         the key has no server (a board killed mid-measurement, a key that emptied while a request waited)."""
         empty_answers = 0
         while not _wait_for(futures, _TRACKER_POLL_S):
-            try:
-                listed = tracker.query(self.remote.tracker, timeout_s=_TRACKER_POLL_S).key(self.remote.key).total
-            except BuildError:
-                listed = None  # a tracker that does not answer now says nothing about the servers
-            empty_answers = empty_answers + 1 if listed == 0 else 0
+            # a tracker that does not answer now (None) says nothing about the servers
+            empty_answers = empty_answers + 1 if self._servers_listed(_TRACKER_POLL_S) == 0 else 0
             if empty_answers >= 2:
                 return {i for i, future in enumerate(futures) if not future.done()}
         return set()
@@ -189,10 +186,16 @@ class RetryingRPCRunner(PyRunner):
         self.inner.pool.shutdown()
 
     def _servers_left(self) -> int:
+        """Servers under the key; none when the tracker does not answer."""
+        listed = self._servers_listed()
+        return 0 if listed is None else listed
+
+    def _servers_listed(self, timeout_s: float = 5.0) -> int | None:
+        """Servers the tracker lists under the key; None when it does not answer within `timeout_s`."""
         try:
-            return tracker.query(self.remote.tracker).key(self.remote.key).total
+            return tracker.query(self.remote.tracker, timeout_s=timeout_s).key(self.remote.key).total
         except BuildError:
-            return 0
+            return None
 
     def _lose(self, why: str) -> None:
         self.lost = f"no RPC server left under key '{self.remote.key}' at the tracker {self.remote.tracker} ({why})"
