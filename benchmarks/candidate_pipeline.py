@@ -95,14 +95,14 @@ def run_variant(modules: list, target, links_in_builder: bool, uses: int) -> tup
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
     from edgetune.runtime import use_cpu_threads
-    from edgetune.tuning.builder import CandidateBuilder, shared_object_export
+    from edgetune.tuning.builder import CandidateBuilder, linking_builder
     from edgetune.tuning.local_runner import LocalCandidateRunner
     from edgetune.tuning.tune import timing
     from edgetune.tuning.worker_pool import WorkerPool
 
     use_cpu_threads(2)
     workers = WorkerPool(2, timeout=None, uses_per_worker=uses)
-    builder = CandidateBuilder(2, pool=workers, f_export=shared_object_export(None) if links_in_builder else None)
+    builder = linking_builder(2, None, pool=workers) if links_in_builder else CandidateBuilder(2, pool=workers)
     runner = LocalCandidateRunner(timing("cpu"), pool=workers, cpu_threads=2)
     started, peak, failed = time.perf_counter(), 0, 0
     try:

@@ -79,7 +79,7 @@ def built_candidates(count: int) -> list:
 
     from edgetune.frontend.onnx import fuse_for_tuning, load_model, to_relax
     from edgetune.profiles import resolve_profile
-    from edgetune.tuning.builder import CandidateBuilder, shared_object_export
+    from edgetune.tuning.builder import linking_builder
     from edgetune.tuning.tasks import extract_tasks
 
     target = resolve_profile("host", None).tvm_target()
@@ -90,7 +90,7 @@ def built_candidates(count: int) -> list:
     context.pre_tuning(max_trials=count, num_trials_per_iter=count, design_spaces=context.generate_design_space(),
                        database=ms.database.MemoryDatabase(), cost_model=None)
     candidates = context.generate_measure_candidates()
-    builder = CandidateBuilder(max_workers=2, f_export=shared_object_export("gcc"))
+    builder = linking_builder(2, "gcc")
     built = builder.build([BuilderInput(c.sch.mod, target) for c in candidates])
     return [RunnerInput(b.artifact_path, "cpu", c.args_info) for b, c in zip(built, candidates) if b.error_msg is None]
 

@@ -102,13 +102,13 @@ def main() -> int:
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
     from edgetune.runtime import use_cpu_threads
-    from edgetune.tuning.builder import CandidateBuilder, shared_object_export
+    from edgetune.tuning.builder import linking_builder
     from edgetune.tuning.worker_pool import WorkerPool
 
     modules, tasks, target = first_batch(args.store, args.per_task)
     use_cpu_threads(2)
     pool = WorkerPool(2, timeout=None)
-    builder = CandidateBuilder(2, pool=pool, f_export=shared_object_export(None))
+    builder = linking_builder(2, None, pool=pool)
     built = builder.build([BuilderInput(mod, target) for mod in modules])
     kept = [i for i, b in enumerate(built) if b.error_msg is None]
     inputs = [RunnerInput(built[i].artifact_path, "cpu", ArgInfo.from_entry_func(modules[i], remove_preproc=True))

@@ -177,8 +177,8 @@ def test_runner_retries_a_hung_server_elsewhere_and_names_a_lost_key(tracker_wit
 
     address, servers = tracker_with_two_servers
     module = tvm.compile(tvm.IRModule({"main": add_one}), target="llvm")
-    inputs = [RunnerInput(export_shared_object("gcc", module), "cpu", ArgInfo.from_prim_func(add_one))
-              for _ in range(4)]
+    inputs = [RunnerInput(export_shared_object("gcc", str(tmp_path), module), "cpu",
+                          ArgInfo.from_prim_func(add_one)) for _ in range(4)]
     host, _, port = address.rpartition(":")
     stop = threading.Event()
     runner = RetryingRPCRunner(RemoteDevice(host, int(port), KEY, 2.0, "gcc"), stop)

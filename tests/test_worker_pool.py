@@ -92,20 +92,36 @@ def test_on_this_machine_a_candidate_is_linked_by_the_builder_and_only_loaded_by
             shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
-def test_a_candidate_that_fails_to_link_leaves_no_directory_behind(tmp_path, monkeypatch) -> None:
+def test_a_candidate_that_fails_to_link_leaves_no_directory_behind(tmp_path) -> None:
     """MetaSchedule removes a built candidate's directory after its run; one whose link failed has no artifact
     to remove, so the export removes its directory itself (after a test run, /tmp here held 31 empty ones)."""
-    import tempfile
-
     from edgetune.tuning.builder import export_shared_object
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     module = tvm.compile(_vector_add(), target="llvm")
     with pytest.raises(Exception, match="no-such-compiler"):
-        export_shared_object(str(tmp_path / "no-such-compiler"), module)
+        export_shared_object(str(tmp_path / "no-such-compiler"), str(tmp_path), module)
     assert list(tmp_path.iterdir()) == []
-    linked = export_shared_object(None, module)  # a linked one keeps its directory, for the runner to load
+    linked = export_shared_object(None, str(tmp_path), module)  # a linked one keeps its directory, for the runner
     assert os.path.dirname(os.path.dirname(linked)) == str(tmp_path) and os.path.isfile(linked)
+
+
+def test_candidates_never_measured_end_with_their_builder(tmp_path, monkeypatch) -> None:
+    """A batch built and never measured (a device lost, a stop request) is removed with the builder, and with it
+    nothing but the directory the builder made (28 such candidates were left in /tmp after a day's runs)."""
+    import tempfile
+
+    from tvm.s_tir.meta_schedule.builder import BuilderInput
+
+    from edgetune.tuning.builder import linking_builder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "users-file").write_text("kept")
+    builder = linking_builder(1, None)
+    built = builder.build([BuilderInput(_vector_add(), tvm.target.Target("llvm"))] * 2)
+    assert all(b.error_msg is None and os.path.isfile(b.artifact_path) for b in built), built
+    assert all(b.artifact_path.startswith(builder.owned_dir + os.sep) for b in built)
+    builder.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["users-file"]
 
 
 def test_a_job_past_its_timeout_is_killed_and_the_next_job_gets_a_fresh_worker() -> None:

@@ -18,12 +18,16 @@ import statistics
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
+from typing import TYPE_CHECKING
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
 from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func
 
 from edgetune.tuning.worker_pool import Job, WorkerPool
+
+if TYPE_CHECKING:
+    import tvm
 
 STRAGGLER_FACTOR, STRAGGLER_FLOOR_S = 10.0, 5.0
 """Once half a batch is built, a candidate still building after this many times the median build of the
@@ -36,12 +40,12 @@ STRAGGLER_ERROR = "LocalBuilder: a straggler"
 """How a cut build's error message starts (counted per task: TaskOutcome.builds_cut)."""
 
 
-def export_shared_object(compiler: str | None, module) -> str:
-    """Link a built candidate into a shared object (runs in a builder worker): with the device's (cross)
-    compiler, or with None as TVM links a library for this machine."""
+def export_shared_object(compiler: str | None, parent: str, module) -> str:
+    """Link a built candidate into a shared object in a directory of its own under `parent` (runs in a builder
+    worker): with the device's (cross) compiler, or with None as TVM links a library for this machine."""
     from tvm.support import cc
 
-    directory = tempfile.mkdtemp(prefix="edgetune-candidate-")
+    directory = tempfile.mkdtemp(prefix="candidate-", dir=parent)
     path = os.path.join(directory, "candidate.so")
     try:
         if compiler is None:
@@ -54,16 +58,27 @@ def export_shared_object(compiler: str | None, module) -> str:
     return path
 
 
-def shared_object_export(compiler: str | None) -> Callable:
+def shared_object_export(compiler: str | None, parent: str) -> Callable:
     """The builder's `f_export` (see `export_shared_object`): picklable, so it reaches the builder's workers.
 
     Linked in the builder, a candidate is built in parallel with its batch's others and the runner only loads
     it. With TVM's `.tar` export the runner linked each candidate as it loaded it, while the other cores waited:
     39 ms per ResNet-18 convolution candidate against its 0.32 s build (means of 20), each time."""
-    return functools.partial(export_shared_object, compiler)
+    return functools.partial(export_shared_object, compiler, parent)
 
 
-def build_candidate(mod, target, _params):
+def linking_builder(max_workers: int, compiler: str | None, pool: WorkerPool | None = None) -> CandidateBuilder:
+    """A builder that links each candidate (`shared_object_export`) under a directory that ends with the builder.
+
+    MetaSchedule removes a candidate's directory once it is measured; a batch that never is (the device lost,
+    a stop request, a worker killed after the link) left its directories in the temporary folder: 28 of them
+    after one day of tests and benchmarks here."""
+    parent = tempfile.mkdtemp(prefix="edgetune-candidates-")
+    return CandidateBuilder(max_workers, f_export=shared_object_export(compiler, parent), pool=pool,
+                            owned_dir=parent)
+
+
+def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: object) -> tvm.runtime.Module:
     """MetaSchedule's default build, minus the tensor-intrinsic import (runs in a builder worker)."""
     from tvm.driver import build as tvm_build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
@@ -76,17 +91,18 @@ def build_candidate(mod, target, _params):
 class CandidateBuilder(PyBuilder):
     """Builds a batch of candidates in parallel, each into an artifact the runner loads.
 
-    `f_export` None keeps TVM's `.tar` export (linked where it is loaded); the tuning passes `shared_object_export`.
+    `f_export` None keeps TVM's `.tar` export (linked where it is loaded); the tuning links (`linking_builder`).
     `pool`: workers shared with the runner (default: `max_workers` of its own). `close()` ends the workers
-    (they also end with the builder).
+    (they also end with the builder) and removes `owned_dir`, where the candidates were linked.
     """
 
     def __init__(self, max_workers: int, timeout_sec: float = 60.0, f_export: Callable | None = None,
-                 pool: WorkerPool | None = None) -> None:
+                 pool: WorkerPool | None = None, owned_dir: str | None = None) -> None:
         super().__init__()
         self.timeout_sec = timeout_sec
         self.f_export = f_export
         self.pool = pool or WorkerPool(max_workers, timeout_sec)
+        self.owned_dir = owned_dir
 
     def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
         jobs = [self.pool.submit_job(self.timeout_sec, _worker_func, build_candidate, self.f_export, i.mod,
@@ -107,6 +123,8 @@ class CandidateBuilder(PyBuilder):
 
     def close(self) -> None:
         self.pool.shutdown()
+        if self.owned_dir is not None:
+            shutil.rmtree(self.owned_dir, ignore_errors=True)
 
 
 def cut_stragglers(jobs: list[Job], factor: float = STRAGGLER_FACTOR, floor_s: float = STRAGGLER_FLOOR_S) -> int:

@@ -35,7 +35,7 @@ from edgetune.profiles import Hardware
 from edgetune.runtime import use_cpu_threads
 from edgetune.tuning import search_strategy
 from edgetune.tuning.analyzer.space import replay_text, trace_text
-from edgetune.tuning.builder import STRAGGLER_ERROR, CandidateBuilder, shared_object_export
+from edgetune.tuning.builder import STRAGGLER_ERROR, linking_builder
 from edgetune.tuning.cost_model.ranking import RankingCostModel
 from edgetune.tuning.cost_model.transfer import TransferCostModel, TransferMode
 from edgetune.tuning.database.store import RecordStore
@@ -250,13 +250,13 @@ def local_builder_runner(cores: int, device: str) -> tuple[ms.builder.Builder, m
         use_cpu_threads(cores)  # inherited by the runner's workers
     workers = WorkerPool(cores, timeout=None, stderr=subprocess.DEVNULL)
     runner = LocalCandidateRunner(timing(device), pool=workers, cpu_threads=cores if device == "cpu" else None)
-    return CandidateBuilder(cores, pool=workers, f_export=shared_object_export(None)), runner
+    return linking_builder(cores, None, pool=workers), runner
 
 
 def remote_builder_runner(remote: RemoteDevice, cores: int, device: str,
                           stop: threading.Event) -> tuple[ms.builder.Builder, ms.runner.Runner]:
     """Candidates linked here for the device and measured on it over RPC; a lost key sets `stop`."""
-    builder = CandidateBuilder(max_workers=cores, f_export=shared_object_export(remote.compiler))
+    builder = linking_builder(cores, remote.compiler)
     return builder, RetryingRPCRunner(remote, stop, timing(device))
 
 
