@@ -13,7 +13,8 @@ from edgetune.frontend.winograd import WinogradPolicy
 
 
 def compile_model(mod: tvm.IRModule, target: tvm.target.Target, database: Database | None,
-                  winograd: WinogradPolicy | None = None, on_skip: Callable[[str], None] | None = None):
+                  winograd: WinogradPolicy | None = None,
+                  on_skip: Callable[[str], None] | None = None) -> tvm.runtime.Executable:
     """Build with the database's best schedule per kernel; kernels it lacks stay unscheduled.
 
     The kernels are fused exactly as `fuse_for_tuning` fused them for task extraction, so the tuned

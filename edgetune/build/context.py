@@ -23,6 +23,8 @@ from edgetune.tuning.shards import ShardPool
 from edgetune.tuning.tune import TaskProgress
 
 if TYPE_CHECKING:
+    import tvm
+
     from edgetune.package.signing import Ed25519PrivateKey
 
 
@@ -84,7 +86,7 @@ class TargetBuild:
         return self.target.name
 
     @cached_property
-    def tvm_target(self):  # -> tvm.target.Target
+    def tvm_target(self) -> tvm.target.Target:
         return self.profile.tvm_target()
 
     @cached_property

@@ -9,11 +9,17 @@ input gets its own block, which MetaSchedule parallelizes and vectorizes like an
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import tvm
+    from tvm import relax
+
 _INJECTIVE = 2
 """TVM's OpPatternKind for index-remapping operators: the fused function may join neighbouring injective ones."""
 
 
-def legalize_concat(bb, call):
+def legalize_concat(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """LegalizeOps hook for relax.concat: one copy block per input where every shape is static, TVM's
     legalization elsewhere (symbolic dimensions)."""
     import tvm
@@ -36,7 +42,7 @@ def legalize_concat(bb, call):
     return tvm.ir.Op.get("relax.concat").get_attr("FLegalize")(bb, call)  # symbolic, or every input empty
 
 
-def concat_copies(shapes: list[tuple[int, ...]], axis: int, dtype: str):
+def concat_copies(shapes: list[tuple[int, ...]], axis: int, dtype: str) -> tvm.tirx.PrimFunc:
     """A PrimFunc that writes its inputs side by side along `axis`, one block per input (a tir.PrimFunc)."""
     import tvm
     from tvm.script.ir_builder import IRBuilder

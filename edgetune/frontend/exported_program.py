@@ -14,10 +14,13 @@ import os
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgetune.errors import InputError
 from edgetune.frontend.model import LoadedModel, ModelInput, tvm_message
+
+if TYPE_CHECKING:
+    import tvm
 
 TORCH_EXTRA = 'pip install "edgetune[torch]"'
 
@@ -135,7 +138,7 @@ def _program_inputs(program: Any, input_shapes: dict[str, list[int]], path: Path
     return tuple(result)
 
 
-def program_to_relax(model: LoadedModel):  # -> tvm.IRModule
+def program_to_relax(model: LoadedModel) -> tvm.IRModule:
     """Import with the weights bound as constants (`to_relax` then decomposes inference-only ops)."""
     from tvm.relax.frontend.torch import from_exported_program
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 
@@ -20,6 +21,9 @@ from edgetune.frontend.model import LoadedModel, ModelInput, quiet, tvm_message
 from edgetune.frontend.simplify import default_opset, simplify_for_inference
 from edgetune.frontend.winograd import WinogradPolicy
 from edgetune.frontend.zoo import build_zoo_model
+
+if TYPE_CHECKING:
+    import tvm
 
 _ONNX_TO_NUMPY = {
     onnx.TensorProto.FLOAT: "float32",
@@ -123,7 +127,7 @@ def _concrete_inputs(
     return tuple(result)
 
 
-def to_relax(model: LoadedModel):  # -> tvm.IRModule (tvm imported lazily: it is slow to load)
+def to_relax(model: LoadedModel) -> tvm.IRModule:  # tvm imported lazily: it is slow to load
     """Import into Relax with the weights bound as constants, so tuned kernels see static shapes.
 
     What TVM imports is a rewritten copy (`prepare_for_import`); the model's own graph stays what ONNX
@@ -324,7 +328,8 @@ def _run_passes(mod, passes: list):
     return mod
 
 
-def fuse_for_tuning(mod, target, winograd: WinogradPolicy | None = None):
+def fuse_for_tuning(mod: tvm.IRModule, target: tvm.target.Target,
+                    winograd: WinogradPolicy | None = None) -> tvm.IRModule:
     """Legalize and fuse so MetaSchedule sees the fused kernels (without this it extracts 0 tasks).
 
     On CPU targets convolutions are first converted to `CPU_CONV_LAYOUT` (relax's ConvertLayout: the

@@ -13,9 +13,14 @@ specific.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tvm import te
 
 WINOGRAD_TILES = (2, 4)
 """Output tiles m of F(m x m, 3 x 3) to choose from: 4 cuts the multiplications 4x, 2 cuts them 2.25x
@@ -57,7 +62,7 @@ class _Matrix:
         return entry
 
 
-def winograd_weight_transform(weight, tile_size: int):
+def winograd_weight_transform(weight: te.Tensor, tile_size: int) -> te.Tensor:
     """HWIO 3x3 weights -> (alpha, alpha, CO, CI), alpha = tile_size + 2: G w G^T per channel pair."""
     from tvm import te
     from tvm.topi.utils import get_const_tuple
@@ -74,7 +79,8 @@ def winograd_weight_transform(weight, tile_size: int):
     )
 
 
-def winograd_conv2d_nhwc(data, kernel_pack, padding, out_dtype: str):
+def winograd_conv2d_nhwc(data: te.Tensor, kernel_pack: te.Tensor, padding: Sequence[int],
+                         out_dtype: str) -> te.Tensor:
     """NHWC convolution by F(m x m, 3x3) on weights already transformed by `winograd_weight_transform`
     ((m + 2) x (m + 2) x CO x CI: the tile m is read off their shape).
 

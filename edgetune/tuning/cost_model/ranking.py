@@ -16,6 +16,7 @@ import io
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tvm_ffi
@@ -28,6 +29,9 @@ from tvm.s_tir.meta_schedule.tune_context import TuneContext
 
 from edgetune.machine_load import OtherLoad
 from edgetune.tuning.measurements import FAILED, mean_seconds
+
+if TYPE_CHECKING:
+    import xgboost as xgb
 
 _SHORTEST_RUN_S = 1e-12
 
@@ -78,7 +82,7 @@ def ranking_data(groups: Groups) -> tuple[np.ndarray, np.ndarray, list[int]] | N
 
 
 def train_ranker(groups: Groups, num_threads: int, rounds: int, params: dict | None = None,
-                 base_margin: Callable[[np.ndarray], np.ndarray] | None = None):
+                 base_margin: Callable[[np.ndarray], np.ndarray] | None = None) -> xgb.Booster | None:
     """An XGBoost ranker on `groups`, or None without two measurements; `base_margin` boosts on
     top of another model's scores (a residual model)."""
     import xgboost as xgb

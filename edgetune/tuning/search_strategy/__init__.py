@@ -35,7 +35,7 @@ def round_trials_under_budget(name: str, default: int) -> int:
 
 
 def create(name: str, *, round_trials: int, hardware: Hardware | None, device: str, isa: str,
-           counts: SearchCounts, prior: TrustsPrior | None = None):
+           counts: SearchCounts, prior: TrustsPrior | None = None) -> ms.search_strategy.SearchStrategy:
     """The search strategy a recipe names ("evolutionary" or "draft-verify") for a round of `round_trials`."""
     if name == "evolutionary":
         return _evolutionary_search(round_trials)
