@@ -17,7 +17,8 @@ Each build is the `edgetune build` command, in a process of its own. From its su
 time to beat ONNX Runtime (`time_to_beat_reference_s`, seconds of tuning) and the tuning curve (the
 model's latency along the tuning, estimated from the kernels' best times and anchored on the final
 timing), read at 5, 10, 15 and 60 minutes where the budget reaches them. Then, on the idle machine, all
-artifacts and ONNX Runtime are timed interleaved in this one process: the final latencies compared.
+artifacts and ONNX Runtime are timed interleaved, each artifact with its threads waiting as it ships them
+(busy_machine.time_artifacts): the final latencies compared.
 
 Printed: per build, time to beat, the curve's latency at each checkpoint, final latency vs ONNX Runtime,
 trials; per system, the median and range over seeds; and the ratios of the median times to beat,
