@@ -104,6 +104,8 @@ def time_artifacts(model_source: dict, libraries: dict[str, Path], repeats: int)
     each ("onnxruntime": its median over them). Timed in this process, every artifact had spun, also those that
     ship sleeping threads (a ResNet-18's 20.6 ms spinning, 25.0 ms sleeping as shipped).
     `model_source`: the recipe's `model` mapping the libraries were built from ({"zoo": ...} or {"onnx": ...})."""
+    from edgetune.runtime import SPIN_COUNT_ENV
+
     by_way: dict[int | None, dict[str, str]] = {}
     for name, path in libraries.items():
         by_way.setdefault(shipped_spin_count(path), {})[name] = str(path)
@@ -130,14 +132,15 @@ def time_artifacts(model_source: dict, libraries: dict[str, Path], repeats: int)
     return times
 
 
-SPIN_COUNT_ENV = "TVM_THREAD_POOL_SPIN_COUNT"
 TIME_HERE_FLAG = "--time-here"
 """The child process `time_artifacts` starts: `busy_machine.py --time-here JSON` times in its own process."""
 
 
 def shipped_spin_count(library: Path) -> int | None:
     """The spin count the library's artifact ships (None: TVM's default, spinning)."""
-    io_spec = library.parent / "io.json"
+    from edgetune.package.artifact import IO_NAME
+
+    io_spec = library.parent / IO_NAME
     return json.loads(io_spec.read_text()).get("cpu_thread_spin_count") if io_spec.is_file() else None
 
 
