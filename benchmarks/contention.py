@@ -3,12 +3,13 @@ spinning (its default) and sleeping (`TVM_THREAD_POOL_SPIN_COUNT=0`).
 
     python benchmarks/contention.py build/host-resnet18/host --model resnet18 --rounds 3
     python benchmarks/contention.py ART --onnx model.onnx --input-shapes '{"x": [1, 3, 224, 224]}'
+    python benchmarks/contention.py ART --model resnet18 --spin-counts 300000 1000 0 --loads idle "nice 19"
 
 TVM's runtime runs a parallel loop as one static share per thread, and a thread waiting for work (a
 worker between loops, the caller for its workers) yields the core up to 300,000 times before it sleeps.
 Beside another busy process on the same cores, every yield hands that process the core; the loop then
 waits for its slowest share. This benchmark shows what that costs: for each load (idle, `--hogs` busy
-loops at nice 19, the same at normal priority), the artifact with each waiting policy and ONNX Runtime
+loops at nice 19, the same at normal priority), the artifact with each spin count and ONNX Runtime
 (2 threads each) are timed in turns, each in a process of its own (TVM reads the spin count once, when
 its pool starts), `--rounds` times. Printed: the median of each system's rounds per load, in ms, and
 each against ONNX Runtime under the same load.
@@ -29,7 +30,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from busy_machine import cpu_hogs
 
-SYSTEMS = {"tvm (spins)": {}, "tvm (sleeps)": {"TVM_THREAD_POOL_SPIN_COUNT": "0"}, "onnxruntime": {}}
+from edgetune.runtime import SPIN_COUNT_ENV
+
+DEFAULT_SPIN_COUNTS = (300_000, 0)
+"""TVM's default (spins) and sleeping; `--spin-counts` times others (a thread yields that many times, then sleeps)."""
 LOADS = {"idle": (0, None), "nice 19": (1, 19), "normal": (1, None)}
 """Per load: busy loops per `--hogs`, and their nice value."""
 
@@ -47,7 +51,7 @@ def child(args: argparse.Namespace) -> None:
     model = load_model(zoo=args.model, onnx_path=args.onnx,
                        input_shapes=json.loads(args.input_shapes) if args.input_shapes else None)
     x = model.sample_inputs()[model.inputs[0].name]
-    if args.child == "onnxruntime":
+    if args.child == ORT:
         session = ReferenceRuntime(model)._session(2)
         runner = lambda: session.run(None, {model.inputs[0].name: x})
     else:
@@ -58,11 +62,21 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(float(np.median(sample_calls(runner, args.seconds, 5))) * 1e3))
 
 
+ORT = "onnxruntime"
+
+
+def systems(spin_counts: list[int]) -> dict[str, dict[str, str]]:
+    """Each system's name and the environment its process starts with (TVM reads the spin count once)."""
+    named = {f"tvm (spin {count})": {SPIN_COUNT_ENV: str(count)} for count in spin_counts}
+    return {**named, ORT: {}}
+
+
 def time_in_child(args: argparse.Namespace, system: str) -> float:
-    command = [sys.executable, __file__, str(args.artifact), "--child", system, "--seconds", str(args.seconds)]
+    child_kind = ORT if system == ORT else "tvm"
+    command = [sys.executable, __file__, str(args.artifact), "--child", child_kind, "--seconds", str(args.seconds)]
     command += ["--model", args.model] if args.model else ["--onnx", str(args.onnx)]
     command += ["--input-shapes", args.input_shapes] if args.input_shapes else []
-    done = subprocess.run(command, check=False, capture_output=True, text=True, env={**os.environ, **SYSTEMS[system]})
+    done = subprocess.run(command, check=False, capture_output=True, text=True, env={**os.environ, **systems(args.spin_counts)[system]})
     if done.returncode != 0:
         raise SystemExit(f"timing {system} failed:\n{done.stderr[-3000:]}")
     return float(done.stdout.strip().splitlines()[-1])
@@ -71,10 +85,10 @@ def time_in_child(args: argparse.Namespace, system: str) -> float:
 def under_load(args: argparse.Namespace, load: str) -> dict[str, list[float]]:
     """Every system timed `--rounds` times, in turns (order rotating), beside the load's busy loops."""
     per_hog, nice = LOADS[load]
-    times: dict[str, list[float]] = {system: [] for system in SYSTEMS}
+    names = list(systems(args.spin_counts))
+    times: dict[str, list[float]] = {system: [] for system in names}
     with cpu_hogs(per_hog * args.hogs, nice):
         time.sleep(0.5)
-        names = list(SYSTEMS)
         for turn in range(args.rounds):
             for system in names[turn % len(names):] + names[:turn % len(names)]:
                 times[system].append(time_in_child(args, system))
@@ -91,16 +105,19 @@ def main() -> int:
     parser.add_argument("--hogs", type=int, default=1, help="busy loops beside the timing")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=2.0, help="of calls per timing")
-    parser.add_argument("--child", choices=list(SYSTEMS), help=argparse.SUPPRESS)
+    parser.add_argument("--spin-counts", type=int, nargs="+", default=list(DEFAULT_SPIN_COUNTS),
+                        help="TVM thread-pool spin counts to time (0: threads sleep at once)")
+    parser.add_argument("--loads", nargs="+", choices=list(LOADS), default=list(LOADS))
+    parser.add_argument("--child", choices=["tvm", ORT], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
         return 0
     print(f"{args.hogs} busy loop(s) beside; median of {args.rounds} rounds, ms (x: ONNX Runtime's time / its time)")
-    print(f"{'load':10s}" + "".join(f"{system:>22s}" for system in SYSTEMS))
-    for load in LOADS:
+    print(f"{'load':10s}" + "".join(f"{system:>22s}" for system in systems(args.spin_counts)))
+    for load in args.loads:
         times = {system: float(np.median(v)) for system, v in under_load(args, load).items()}
-        ort = times["onnxruntime"]
+        ort = times[ORT]
         print(f"{load:10s}" + "".join(f"{ms:>14.2f} ({ort / ms:4.2f}x)" for ms in times.values()), flush=True)
     return 0
 
