@@ -34,6 +34,7 @@ from edgetune.runtime import SPIN_COUNT_ENV
 
 DEFAULT_SPIN_COUNTS = (300_000, 0)
 """TVM's default (spins) and sleeping; `--spin-counts` times others (a thread yields that many times, then sleeps)."""
+ORT = "onnxruntime"
 LOADS = {"idle": (0, None), "nice 19": (1, 19), "normal": (1, None)}
 """Per load: busy loops per `--hogs`, and their nice value."""
 
@@ -62,9 +63,6 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(float(np.median(sample_calls(runner, args.seconds, 5))) * 1e3))
 
 
-ORT = "onnxruntime"
-
-
 def systems(spin_counts: list[int]) -> dict[str, dict[str, str]]:
     """Each system's name and the environment its process starts with (TVM reads the spin count once)."""
     named = {f"tvm (spin {count})": {SPIN_COUNT_ENV: str(count)} for count in spin_counts}
@@ -76,7 +74,8 @@ def time_in_child(args: argparse.Namespace, system: str) -> float:
     command = [sys.executable, __file__, str(args.artifact), "--child", child_kind, "--seconds", str(args.seconds)]
     command += ["--model", args.model] if args.model else ["--onnx", str(args.onnx)]
     command += ["--input-shapes", args.input_shapes] if args.input_shapes else []
-    done = subprocess.run(command, check=False, capture_output=True, text=True, env={**os.environ, **systems(args.spin_counts)[system]})
+    environment = {**os.environ, **systems(args.spin_counts)[system]}
+    done = subprocess.run(command, check=False, capture_output=True, text=True, env=environment)
     if done.returncode != 0:
         raise SystemExit(f"timing {system} failed:\n{done.stderr[-3000:]}")
     return float(done.stdout.strip().splitlines()[-1])
@@ -110,6 +109,8 @@ def main() -> int:
     parser.add_argument("--loads", nargs="+", choices=list(LOADS), default=list(LOADS))
     parser.add_argument("--child", choices=["tvm", ORT], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if min(args.spin_counts) < 0:
+        parser.error("--spin-counts: a count is 0 or more")
     if args.child:
         child(args)
         return 0
