@@ -77,6 +77,24 @@ def sampled_free_threads(wanted: int, seconds: float = 0.3) -> int:
     return load.free_threads(wanted)
 
 
+@contextmanager
+def on_free_cores(cores: int | None) -> Iterator[int | None]:
+    """TVM's pool in this process narrowed, for the block, to as many of `cores` threads as other programs leave
+    cores free, then widened again; yields the threads it runs on (None where `cores` is None: no thread count
+    is set). For a model timed whole in this process, as the tuner times candidates (module docstring)."""
+    if not cores:
+        yield None
+        return
+    from edgetune.runtime import use_cpu_threads
+
+    threads = sampled_free_threads(cores)
+    use_cpu_threads(cores, running=threads)  # the threads the model ships with, narrowed
+    try:
+        yield threads
+    finally:
+        use_cpu_threads(cores)
+
+
 def _processes() -> dict[int, _Process]:
     """Every process's parent, CPU ticks and nice value; empty where there is no /proc."""
     found: dict[int, _Process] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -106,8 +107,6 @@ def test_the_cost_model_fits_on_the_cores_a_busy_program_leaves() -> None:
     """Beside a busy program an XGBoost fit on both threads took twice its time on one: each boosting round
     waits for the thread that shares its core with the program. The fit reads the load since the last one;
     the booster's own configuration says on how many threads it was fit."""
-    import json
-
     import numpy as np
     from tvm.s_tir.meta_schedule.runner import RunnerResult
 
@@ -140,8 +139,6 @@ def test_a_transferred_models_fits_of_one_batch_take_one_reading() -> None:
     """The transfer's fits of a batch read the load once, over the time since the last batch: a reading over a fit
     alone would be too short to see a busy core. Here the busy program ends before the batch: the batch's reading
     saw it, a reading over the prior's fit alone would not."""
-    import json
-
     import numpy as np
     from tvm.s_tir.meta_schedule.runner import RunnerResult
 
@@ -163,3 +160,32 @@ def test_a_transferred_models_fits_of_one_batch_take_one_reading() -> None:
     rows = rng.random((8, 9)).astype(np.float32)
     model.learn("task", "conv", rows, [RunnerResult([float(1e-4 * (1 + r[0]))], None) for r in rows])
     assert threads_of(model.online) == cores - 1
+
+
+WHOLE_MODEL_TIMING = """
+import json
+import tvm
+from edgetune.machine_load import on_free_cores
+pool_size = tvm.get_global_func("runtime.NumThreads")
+with on_free_cores({cores}) as threads:
+    inside = pool_size()
+print(json.dumps([threads, inside, pool_size()]))
+"""
+
+
+def _whole_model_timing_threads(cores: int) -> list[int]:
+    """The threads a model timed whole in a build's process runs on (as the budget's reserve and the in-model
+    comparison time it), told and counted in the pool, and the pool's size afterwards."""
+    run = subprocess.run([sys.executable, "-c", WHOLE_MODEL_TIMING.format(cores=cores)], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout.splitlines()[-1])
+
+
+def test_a_model_timed_whole_in_the_build_runs_on_the_cores_a_busy_program_left_then_on_all() -> None:
+    """A budget's reserve timed its model on both threads beside a busy loop, where the comparison it sized runs on
+    one: it kept 237 s for stages that took 77 s."""
+    cores = os.cpu_count() or 1
+    assert _whole_model_timing_threads(cores) == [cores, cores, cores]
+    with other_program():
+        assert _whole_model_timing_threads(cores) == [cores - 1, cores - 1, cores]

@@ -79,26 +79,17 @@ def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, 
     import tvm
 
     from edgetune.compile import export_library
-    from edgetune.machine_load import sampled_free_threads
-    from edgetune.runtime import use_cpu_threads
+    from edgetune.machine_load import on_free_cores
     from edgetune.selection import DEFAULT_RANK, select_schedules
-
-    threads = None
-    if ctx.profile.cpu_threads:
-        threads = sampled_free_threads(ctx.profile.cpu_threads)  # compared on the cores other programs leave
-        use_cpu_threads(ctx.profile.cpu_threads, running=threads)  # the threads the model ships with, narrowed
 
     def keep_tuned(executable, name: str) -> Path:  # exported as the final compile exports it
         return export_library(executable, ctx.work_dir / f"model-{name}.so", ctx.toolchain.fcompile())
 
-    try:
+    with on_free_cores(ctx.profile.cpu_threads) as threads:  # compared on the cores other programs leave
         selection = select_schedules(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
                                      tvm.device(ctx.profile.device, 0), ctx.candidates, ctx.winograd,
                                      deadline=deadline, untuned=ctx.untuned.library, on_skip=_warn(ctx),
                                      keep_tuned=keep_tuned if ctx.profile.device != "cuda" else None)
-    finally:
-        if threads is not None:
-            use_cpu_threads(ctx.profile.cpu_threads)
     for task in result.tasks:
         choice = selection.choices.get(task["name"])
         task["kept_default"] = choice is not None and choice.rank == DEFAULT_RANK
