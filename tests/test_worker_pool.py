@@ -231,3 +231,41 @@ def test_a_candidate_whose_build_takes_far_longer_than_its_batch_is_cut_short() 
         assert again.error_msg is None, again.error_msg
     finally:
         builder.close()
+
+
+LEFT_BY_A_KILLED_BUILD = """
+from edgetune.tuning.builder import linking_builder
+print(linking_builder(1, None).owned_dir, flush=True)
+import os, signal
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads Linux's /proc")
+def test_a_killed_builds_candidates_are_removed_by_the_next_builder_and_nothing_else(tmp_path, monkeypatch) -> None:
+    """A build killed outright leaves its builder's directory (one per killed-build test, each suite run); the next
+    builder removes it, and keeps a live builder's, a directory named like ours without our mark, and a file."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from edgetune.tuning.builder import CANDIDATES_PREFIX, linking_builder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    killed = subprocess.run([sys.executable, "-c", LEFT_BY_A_KILLED_BUILD], capture_output=True, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=120, check=False)
+    assert killed.returncode == -9, killed.stderr
+    orphan = killed.stdout.strip()
+    assert os.path.dirname(orphan) == str(tmp_path) and os.path.isdir(orphan)
+    unmarked = tmp_path / f"{CANDIDATES_PREFIX}users"
+    unmarked.mkdir()
+    (tmp_path / "users-file").write_text("kept")
+    live = linking_builder(1, None)
+    try:
+        assert not os.path.exists(orphan)
+        following = linking_builder(1, None)  # the live builder's directory stays
+        following.close()
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [unmarked.name, "users-file", os.path.basename(live.owned_dir)])
+    finally:
+        live.close()

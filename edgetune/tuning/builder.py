@@ -18,6 +18,7 @@ import statistics
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tvm.ir.utils import derived_object
@@ -72,10 +73,48 @@ def linking_builder(max_workers: int, compiler: str | None, pool: WorkerPool | N
 
     MetaSchedule removes a candidate's directory once it is measured; one that never is (the device lost, a
     stop request, a worker killed after the link) left its directory in the temporary folder: 28 after a day of
-    tests and benchmarks here, 5 after three 10-minute ResNet-18 builds."""
-    parent = tempfile.mkdtemp(prefix="edgetune-candidates-")
+    tests and benchmarks here, 5 after three 10-minute ResNet-18 builds. A build killed outright cannot remove its
+    own: the next builder removes every such directory whose owner process has ended (`remove_orphaned_candidates`)."""
+    remove_orphaned_candidates()
+    parent = tempfile.mkdtemp(prefix=CANDIDATES_PREFIX)
+    Path(parent, CANDIDATES_OWNER).write_text(_process_identity(os.getpid()) or "")
     return CandidateBuilder(max_workers, f_export=shared_object_export(compiler, parent), pool=pool,
                             owned_dir=parent)
+
+
+CANDIDATES_PREFIX = "edgetune-candidates-"
+CANDIDATES_OWNER = "edgetune-owner"
+"""A builder's directory holds this file: the process that made it (its pid and start time). Only a directory
+holding one is ever removed by another process: a directory named like ours without it is not edgetune's, or
+one whose owner is still writing it."""
+
+
+def remove_orphaned_candidates() -> list[str]:
+    """Remove the builders' directories in the temporary folder whose owner process has ended (killed: a builder
+    that closes removes its own); returns their paths. Linux only (/proc): elsewhere nothing is removed."""
+    removed: list[str] = []
+    if not Path("/proc/self").is_dir():  # no process would read as running
+        return removed
+    for directory in Path(tempfile.gettempdir()).glob(CANDIDATES_PREFIX + "*"):
+        try:
+            owner = (directory / CANDIDATES_OWNER).read_text()
+        except OSError:  # not ours, or its owner has not marked it yet
+            continue
+        pid = owner.split(" ", 1)[0]
+        if pid.isdigit() and _process_identity(int(pid)) != owner:
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(str(directory))
+    return removed
+
+
+def _process_identity(pid: int) -> str | None:
+    """"pid start-time" of a running process, a pid never named twice (Linux reuses pids); None if none runs or
+    there is no /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return f"{pid} {stat[stat.rfind(')') + 2:].split()[19]}"  # field 22, after the command's parenthesised name
 
 
 def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: object) -> tvm.runtime.Module:
