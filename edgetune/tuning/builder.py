@@ -89,12 +89,11 @@ holding one is ever removed by another process: a directory named like ours with
 one whose owner is still writing it."""
 
 
-def remove_orphaned_candidates() -> list[str]:
+def remove_orphaned_candidates() -> None:
     """Remove the builders' directories in the temporary folder whose owner process has ended (killed: a builder
-    that closes removes its own); returns their paths. Linux only (/proc): elsewhere nothing is removed."""
-    removed: list[str] = []
+    that closes removes its own). Linux only (/proc): elsewhere nothing is removed."""
     if not Path("/proc/self").is_dir():  # no process would read as running
-        return removed
+        return
     for directory in Path(tempfile.gettempdir()).glob(CANDIDATES_PREFIX + "*"):
         try:
             owner = (directory / CANDIDATES_OWNER).read_text()
@@ -102,9 +101,7 @@ def remove_orphaned_candidates() -> list[str]:
             continue
         pid = owner.split(" ", 1)[0]
         if pid.isdigit() and _process_identity(int(pid)) != owner:
-            shutil.rmtree(directory, ignore_errors=True)
-            removed.append(str(directory))
-    return removed
+            shutil.rmtree(directory, ignore_errors=True)  # refuses a symlink: only our own directory goes
 
 
 def _process_identity(pid: int) -> str | None:
