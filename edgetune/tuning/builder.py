@@ -151,7 +151,7 @@ class CandidateBuilder(PyBuilder):
             return BuilderResult(job.future.result(), None)
         except TimeoutError:
             return BuilderResult(None, f"LocalBuilder: Timeout, killed after {self.timeout_sec} seconds")
-        except Exception as exc:  # the candidate's own failure, reported as TVM's builder reports it
+        except Exception as exc:  # noqa: BLE001  # the candidate's own failure, reported as TVM's builder reports it
             if job.cut_short:
                 return BuilderResult(None, f"{STRAGGLER_ERROR}, killed after {job.seconds():.1f} s: more "
                                            f"than {STRAGGLER_FACTOR:g} times its batch's median build")
