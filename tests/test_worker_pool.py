@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 import tvm
@@ -244,21 +245,26 @@ os.kill(os.getpid(), signal.SIGKILL)
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads Linux's /proc")
 def test_a_killed_builds_candidates_are_removed_by_the_next_builder_and_nothing_else(tmp_path, monkeypatch) -> None:
     """A build killed outright leaves its builder's directory (one per killed-build test, each suite run); the next
-    builder removes it, and keeps a live builder's, a directory named like ours without our mark, and a file."""
+    builder removes it, and keeps a live builder's, a directory named like ours without our mark, one marked in
+    another pid namespace (a container sharing the folder: its pids name other processes), and a file."""
     import subprocess
     import sys
     import tempfile
 
-    from edgetune.tuning.builder import CANDIDATES_PREFIX, linking_builder
+    from edgetune.tuning.builder import CANDIDATES_OWNER, CANDIDATES_PREFIX, linking_builder
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     killed = subprocess.run([sys.executable, "-c", LEFT_BY_A_KILLED_BUILD], capture_output=True, text=True,
                             env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=120, check=False)
     assert killed.returncode == -9, killed.stderr
     orphan = killed.stdout.strip()
+    killed_pid = Path(orphan, CANDIDATES_OWNER).read_text().split(" ")[0]
     assert os.path.dirname(orphan) == str(tmp_path) and os.path.isdir(orphan)
     unmarked = tmp_path / f"{CANDIDATES_PREFIX}users"
     unmarked.mkdir()
+    elsewhere = tmp_path / f"{CANDIDATES_PREFIX}container"
+    elsewhere.mkdir()
+    (elsewhere / CANDIDATES_OWNER).write_text(f"{killed_pid} 1 pid:[1]")  # no such pid here: it runs there
     (tmp_path / "users-file").write_text("kept")
     live = linking_builder(1, None)
     try:
@@ -266,6 +272,6 @@ def test_a_killed_builds_candidates_are_removed_by_the_next_builder_and_nothing_
         following = linking_builder(1, None)  # the live builder's directory stays
         following.close()
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-            [unmarked.name, "users-file", os.path.basename(live.owned_dir)])
+            [unmarked.name, elsewhere.name, "users-file", os.path.basename(live.owned_dir)])
     finally:
         live.close()

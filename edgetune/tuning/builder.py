@@ -77,16 +77,16 @@ def linking_builder(max_workers: int, compiler: str | None, pool: WorkerPool | N
     own: the next builder removes every such directory whose owner process has ended (`remove_orphaned_candidates`)."""
     remove_orphaned_candidates()
     parent = tempfile.mkdtemp(prefix=CANDIDATES_PREFIX)
-    Path(parent, CANDIDATES_OWNER).write_text(_process_identity(os.getpid()) or "")
+    Path(parent, CANDIDATES_OWNER).write_text(f"{_process_identity(os.getpid())} {_pid_namespace()}")
     return CandidateBuilder(max_workers, f_export=shared_object_export(compiler, parent), pool=pool,
                             owned_dir=parent)
 
 
 CANDIDATES_PREFIX = "edgetune-candidates-"
 CANDIDATES_OWNER = "edgetune-owner"
-"""A builder's directory holds this file: the process that made it (its pid and start time). Only a directory
-holding one is ever removed by another process: a directory named like ours without it is not edgetune's, or
-one whose owner is still writing it."""
+"""A builder's directory holds this file: the process that made it (its pid, start time and pid namespace). Only
+a directory holding one is ever removed by another process: a directory named like ours without it is not
+edgetune's, or one whose owner is still writing it."""
 
 
 def remove_orphaned_candidates() -> None:
@@ -99,8 +99,10 @@ def remove_orphaned_candidates() -> None:
             owner = (directory / CANDIDATES_OWNER).read_text()
         except OSError:  # not ours, or its owner has not marked it yet
             continue
-        pid = owner.split(" ", 1)[0]
-        if pid.isdigit() and _process_identity(int(pid)) != owner:
+        pid, started, namespace = (owner.split(" ") + ["", "", ""])[:3]
+        if namespace != _pid_namespace() or not pid.isdigit():  # a container sharing this folder sees other pids
+            continue
+        if _process_identity(int(pid)) != f"{pid} {started}":
             shutil.rmtree(directory, ignore_errors=True)  # refuses a symlink: only our own directory goes
 
 
@@ -112,6 +114,14 @@ def _process_identity(pid: int) -> str | None:
     except OSError:
         return None
     return f"{pid} {stat[stat.rfind(')') + 2:].split()[19]}"  # field 22, after the command's parenthesised name
+
+
+def _pid_namespace() -> str:
+    """This process's pid namespace ("pid:[inode]"; "" where unreadable): pids name processes only inside one."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
 
 
 def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: object) -> tvm.runtime.Module:
