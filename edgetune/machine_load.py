@@ -103,17 +103,23 @@ def _processes() -> dict[int, _Process]:
     except OSError:
         return found
     for entry in entries:
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:  # it ended meanwhile
-            continue
-        fields = text[text.rfind(")") + 2:].split()  # the command name, in parentheses, may hold anything
-        if len(fields) < 17:
+        fields = stat_fields(int(entry.name))
+        if fields is None or len(fields) < 17:  # it ended meanwhile, or its line is not whole
             continue
         user, system, children_user, children_system = (int(value) for value in fields[11:15])
         found[int(entry.name)] = _Process(int(fields[1]), user + system + children_user + children_system,
                                           int(fields[16]))
     return found
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command's name (the first: field 3, the state); None where no such
+    process runs or there is no /proc. The name, in parentheses, may hold anything: spaces, parentheses."""
+    try:
+        text = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2:].split()
 
 
 def _descendants(processes: dict[int, _Process], root: int) -> set[int]:

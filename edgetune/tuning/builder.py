@@ -25,6 +25,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
 from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func
 
+from edgetune.machine_load import stat_fields
 from edgetune.tuning.worker_pool import Job, WorkerPool
 
 if TYPE_CHECKING:
@@ -94,13 +95,14 @@ def remove_orphaned_candidates() -> None:
     that closes removes its own). Linux only (/proc): elsewhere nothing is removed."""
     if not Path("/proc/self").is_dir():  # no process would read as running
         return
+    this_namespace = _pid_namespace()
     for directory in Path(tempfile.gettempdir()).glob(CANDIDATES_PREFIX + "*"):
         try:
             owner = (directory / CANDIDATES_OWNER).read_text()
         except OSError:  # not ours, or its owner has not marked it yet
             continue
         pid, started, namespace = (owner.split(" ") + ["", "", ""])[:3]
-        if namespace != _pid_namespace() or not pid.isdigit():  # a container sharing this folder sees other pids
+        if namespace != this_namespace or not pid.isdigit():  # a container sharing this folder sees other pids
             continue
         if _process_identity(int(pid)) != f"{pid} {started}":
             shutil.rmtree(directory, ignore_errors=True)  # refuses a symlink: only our own directory goes
@@ -109,11 +111,8 @@ def remove_orphaned_candidates() -> None:
 def _process_identity(pid: int) -> str | None:
     """"pid start-time" of a running process, a pid never named twice (Linux reuses pids); None if none runs or
     there is no /proc."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return f"{pid} {stat[stat.rfind(')') + 2:].split()[19]}"  # field 22, after the command's parenthesised name
+    fields = stat_fields(pid)
+    return None if fields is None else f"{pid} {fields[19]}"  # field 22: the process's start time
 
 
 def _pid_namespace() -> str:
