@@ -164,6 +164,21 @@ def test_the_stages_after_the_comparison_keep_about_what_they_took_in_real_build
     assert kept(25.0, 12.0, 40.0) - 11 < kept(25.0, 12.0, 40.0, ways=1) < kept(25.0, 12.0, 40.0) - 6
 
 
+def test_beside_other_programs_the_final_timings_of_a_fast_model_are_kept_at_their_full_length() -> None:
+    """A 3-minute build of an exported transformer encoder beside a busy loop timed its reserve's call on the one
+    thread the loop left (about 0.5 ms): each of the final stage's timings was sized at 1000 such calls (0.5 s),
+    but they ran on both threads beside the loop (1.3 ms sleeping, 100 ms spinning) and took their full second:
+    27 s of final stages where 20 s were kept, and the build ended 12 s (6.7%) after its budget."""
+    from edgetune.build.tune import finish_seconds
+    from edgetune.selection import RankCost
+
+    cost = RankCost(4.5, 0.05, 0.5e-3)  # "one compile and run of the model took 6 s (run on 1 of 2 threads)"
+    alone, shared = finish_seconds(cost, 1, 2e6), finish_seconds(cost, 1, 2e6, cores_shared=True)
+    assert alone < 22 and 26 <= shared <= 32  # the build kept 20 s; its final stages took 27 s
+    slow = RankCost(5.0, 0.5, 20e-3)  # a model whose timings run their full second anyway keeps what it kept
+    assert finish_seconds(slow, 1, 2e6, cores_shared=True) == finish_seconds(slow, 1, 2e6)
+
+
 def test_a_budget_too_short_for_the_stages_after_tuning_says_by_how_much_the_build_will_overrun_it() -> None:
     """At most half a budget is kept for what follows the tuning. Two-minute builds of a ResNet-18 and a
     MobileNet-V2 on an AVX2 VM needed more (the final compile alone took about 30 s) and ended 45-68 s after

@@ -190,26 +190,33 @@ _LIBRARY_PER_WEIGHT_BYTE = 1.3
 """An exported library's size over its model's weights (code and pre-packed copies): ResNet-18 1.28
 (59.9 MB: loaded in the build's process), ResNet-50 1.19; a small model's code weighs more (GoogLeNet 1.49,
 38.7 MB), far under LOADED_APART_BYTES."""
+_FULL_TIMING_CALL_S = 1e-3
+"""The shortest call whose timing runs its full second (runtime.timed_seconds: a thousand calls or a second)."""
 _ARCHIVE_BYTES_PER_S = 30e6
 """Verification's checksums and the artifact's gzip archive, per second, by the library's bytes (a ResNet-50's
 115 MB: about 4 s)."""
 
 
-def finish_seconds(cost: RankCost, compiles: int, library_bytes: float, thread_wait_ways: int = 2) -> float:
+def finish_seconds(cost: RankCost, compiles: int, library_bytes: float, thread_wait_ways: int = 2,
+                   cores_shared: bool = False) -> float:
     """What the stages after the in-model comparison take, step by step as they run (build/measure.py,
     build/verify.py), from one compile and run of the model measured here: compile what is still to compile,
     time the tuned model in its timers' processes and the reference in turns (and each way once beside a busy
     process), time the untuned model, run and archive the artifact. Charging a fresh process per timing and 15 s
     for any untuned model that runs a second or more had kept 55 s for a ResNet-18 whose stages took 26 s, and its
-    5-minute builds ended 8-15% early."""
-    timing_s = time_model_seconds(cost.inference_s) + _TIMING_OVERHEAD_S
+    5-minute builds ended 8-15% early. `cores_shared`: the call was timed on the cores other programs left, and
+    the final timings run on all the target's threads beside them, where a fast model's calls slow down many
+    times (a transformer encoder: 0.5 ms on the free core, 1.3 ms sleeping and 100 ms spinning on both), so each
+    timing is charged its full length, not the shorter one of a thousand fast calls."""
+    call_s = max(cost.inference_s, _FULL_TIMING_CALL_S) if cores_shared else cost.inference_s
+    timing_s = time_model_seconds(call_s) + _TIMING_OVERHEAD_S
     apart_s = _PROCESS_S if library_bytes > LOADED_APART_BYTES else 0.0
     ways_s = thread_wait_ways * (timing_s + SPIN_DOWN_S)  # the tuned model timed once each way
     rounds_s = _PROCESS_S + TIMING_ROUNDS * (ways_s + timing_s)
     if thread_wait_ways > 1:  # and once each way beside a low-priority busy process (build/measure.py)
         rounds_s += BUSY_START_S + ways_s
-    untuned_s = apart_s + time_model_seconds(_UNTUNED_SLOWDOWN * cost.inference_s) + _TIMING_OVERHEAD_S
-    verify_s = apart_s + cost.inference_s + library_bytes / _ARCHIVE_BYTES_PER_S
+    untuned_s = apart_s + time_model_seconds(_UNTUNED_SLOWDOWN * call_s) + _TIMING_OVERHEAD_S
+    verify_s = apart_s + call_s + library_bytes / _ARCHIVE_BYTES_PER_S
     return compiles * cost.compile_s + rounds_s + untuned_s + verify_s
 
 
@@ -292,7 +299,8 @@ def _budget_reserve(ctx: TargetBuild):
         # the comparison compiles the one to ship; without it the later stages do
         finish = finish_seconds(cost, compiles=0 if ctx.candidates > 1 else 1,
                                 library_bytes=ctx.weight_bytes * _LIBRARY_PER_WEIGHT_BYTE,
-                                thread_wait_ways=len(thread_wait_ways(ctx.recipe.package.thread_wait)))
+                                thread_wait_ways=len(thread_wait_ways(ctx.recipe.package.thread_wait)),
+                                cores_shared=threads is not None and threads < ctx.profile.cpu_threads)
         kept, ctx.finish_reserve_s = split_reserve(compare, finish, ctx.budget_s)
         narrowed = f" (run on {threads} of {ctx.profile.cpu_threads} threads: other programs held cores)" if (
             threads is not None and threads < ctx.profile.cpu_threads) else ""
