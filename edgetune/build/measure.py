@@ -11,7 +11,7 @@ from typing import Literal
 import numpy as np
 
 from edgetune.build.context import TargetBuild
-from edgetune.machine_load import low_priority_busy_process
+from edgetune.machine_load import TAKEN_CORE, OtherLoad, low_priority_busy_process
 from edgetune.runtime import (
     TIMING_ROUNDS,
     ThreadWait,
@@ -36,6 +36,7 @@ class ThreadWaitChoice:
     sleeping_ms: float | None
     spinning_busy_ms: float | None = None
     sleeping_busy_ms: float | None = None
+    timed_beside_other_programs: bool = False  # its idle rounds were not an idle machine's (other programs ran)
 
 
 @dataclass(frozen=True)
@@ -65,21 +66,23 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
         ctx.say(f"timing tuned and untuned on the device ({device.where})")
     inputs = ctx.sample_list(samples)
     timed_ways: dict[str, list[float]] | None = None
-    reference_ms, busy = None, None
+    reference_ms, busy, others_cores = None, None, 0.0
     # the timers' processes start while the untuned model's compile ends, if it has not
     with device.thread_wait_timers(library, inputs, thread_wait_ways(wanted)) as timers:
         untuned = ctx.untuned.library()
         if device.runs_here:
             threads = ctx.profile.hardware.cores or 1
             ours = timers or {"tuned": lambda: device.latency_ms(library, inputs)}
+            load = OtherLoad()  # the timers run in this process's children: only other programs count
             rounds = each_in_turns({**ours, "reference": lambda: ctx.reference.time(samples, threads=threads)},
                                    TIMING_ROUNDS)
+            others_cores = load.cores_taken()
             reference_ms = rounds.pop("reference")
             timed_ways = rounds if timers else None
             busy = timed_beside_busy_process(timers) if timers and len(timers) > 1 else None
         else:
             rounds = {"tuned": [device.latency_ms(library, inputs)]}
-    thread_wait = choose_thread_wait(wanted, timed_ways, ctx.say, busy)
+    thread_wait = choose_thread_wait(wanted, timed_ways, ctx.say, busy, others_cores)
     tuned_ms = rounds[thread_wait.policy] if timed_ways and thread_wait else rounds["tuned"]
     if reference_ms:
         _say_spread(ctx, "tuned model", tuned_ms)
@@ -97,12 +100,15 @@ def timed_beside_busy_process(timers: dict[str, Callable[[], float]]) -> dict[st
 
 
 def choose_thread_wait(wanted: ThreadWait | Literal["auto"], timed: dict[str, list[float]] | None,
-                       say: Callable[[str], None], busy: dict[str, float] | None = None) -> ThreadWaitChoice | None:
+                       say: Callable[[str], None], busy: dict[str, float] | None = None,
+                       others_cores: float = 0.0) -> ThreadWaitChoice | None:
     """How the artifact's threads wait for work: the recipe's way, or ("auto") where the tuned model was timed both
     ways here, runtime.thread_wait_policy's: sleeping unless it costs more idle than spinning costs beside a busy
     process (spinning threads hand such a process the cores: runtime.SPIN_COUNT_ENV), and at least
     runtime.SLEEPING_COST_ACCEPTED; None keeps TVM's default. `timed`: the model's idle rounds (ms) per way it
-    was timed in (None: not timed so, as over RPC); `busy`: its ms per way beside a low-priority busy process."""
+    was timed in (None: not timed so, as over RPC); `busy`: its ms per way beside a low-priority busy process;
+    `others_cores`: the cores other programs used while `timed` was timed (then its rounds are not an idle
+    machine's, and the build says what the other way may give on one)."""
     medians = {way: float(np.median(rounds)) for way, rounds in (timed or {}).items()}
     spinning, sleeping = medians.get("spin"), medians.get("sleep")
     spinning_busy, sleeping_busy = (busy or {}).get("spin"), (busy or {}).get("sleep")
@@ -112,17 +118,30 @@ def choose_thread_wait(wanted: ThreadWait | Literal["auto"], timed: dict[str, li
     if spinning is None or sleeping is None:
         return None
     choice = ThreadWaitChoice(thread_wait_policy(spinning, sleeping, spinning_busy, sleeping_busy), "measured",
-                              spinning, sleeping, spinning_busy, sleeping_busy)
+                              spinning, sleeping, spinning_busy, sleeping_busy, others_cores >= TAKEN_CORE)
     cost = f"{sleeping:.3f} ms with them sleeping against {spinning:.3f} ms spinning"
     if spinning_busy is not None and sleeping_busy is not None:
         cost += f"; beside a low-priority busy process {sleeping_busy:.3f} against {spinning_busy:.3f} ms"
     if choice.policy == "sleep":
-        say(f"the artifact's threads sleep while they wait for work ({cost}): other busy processes "
-            "keep their share of the cores")
+        said = (f"the artifact's threads sleep while they wait for work ({cost}): other busy processes "
+                "keep their share of the cores")
     else:
-        say(f"the artifact's threads spin while they wait for work ({cost}): sleeping costs it more idle than "
-            "spinning costs it beside other work")
+        said = (f"the artifact's threads spin while they wait for work ({cost}): sleeping costs it more idle than "
+                "spinning costs it beside other work")
+    say(said + _timed_beside_other_programs(choice.policy, others_cores))
     return choice
+
+
+def _timed_beside_other_programs(policy: ThreadWait, others_cores: float) -> str:
+    """What the choice leaves open where other programs held cores while the model was timed "idle": a
+    transformer encoder built beside a busy loop shipped sleeping threads (96 ms spinning, 1.1 ms sleeping there)
+    and ran 0.46 ms on the idle machine, where it spun in 0.23 ms. Empty on a machine left to the build."""
+    if others_cores < TAKEN_CORE:  # a daemon's tick is not a busy machine
+        return ""
+    other = ("spinning threads may be faster (package.thread_wait: spin)" if policy == "sleep"
+             else "sleeping threads may cost less (package.thread_wait: sleep)")
+    return (f"; other programs used {others_cores:.1f} cores while the model was timed, so neither figure is an "
+            f"idle machine's: on an idle machine {other}")
 
 
 def _say_spread(ctx: TargetBuild, what: str, rounds_ms: list[float]) -> None:
