@@ -175,6 +175,8 @@ _SLOW_REPEATS = 3
 _SLOW_TOTAL_CALLS = 3
 _ENOUGH_CALLS = 1000
 _SHORTEST_S = 0.2
+FULL_TIMING_CALL_S = 1.0 / _ENOUGH_CALLS
+"""The shortest call whose `time_model` (a second) runs its full length, not a thousand calls' shorter one."""
 
 
 def release_freed_memory() -> None:

@@ -14,7 +14,7 @@ from edgetune.frontend.onnx import fuse_for_tuning
 from edgetune.isolated import LOADED_APART_BYTES
 from edgetune.machine_load import BUSY_START_S
 from edgetune.report.summary import TargetResult
-from edgetune.runtime import SPIN_DOWN_S, TIMING_ROUNDS, thread_wait_ways, time_model_seconds
+from edgetune.runtime import FULL_TIMING_CALL_S, SPIN_DOWN_S, TIMING_ROUNDS, thread_wait_ways, time_model_seconds
 from edgetune.tuning.builder import STRAGGLER_FACTOR
 from edgetune.tuning.measurements import NoiseCounts
 from edgetune.tuning.shards import tune_in_shards
@@ -190,8 +190,6 @@ _LIBRARY_PER_WEIGHT_BYTE = 1.3
 """An exported library's size over its model's weights (code and pre-packed copies): ResNet-18 1.28
 (59.9 MB: loaded in the build's process), ResNet-50 1.19; a small model's code weighs more (GoogLeNet 1.49,
 38.7 MB), far under LOADED_APART_BYTES."""
-_FULL_TIMING_CALL_S = 1e-3
-"""The shortest call whose timing runs its full second (runtime.timed_seconds: a thousand calls or a second)."""
 _ARCHIVE_BYTES_PER_S = 30e6
 """Verification's checksums and the artifact's gzip archive, per second, by the library's bytes (a ResNet-50's
 115 MB: about 4 s)."""
@@ -208,7 +206,7 @@ def finish_seconds(cost: RankCost, compiles: int, library_bytes: float, thread_w
     the final timings run on all the target's threads beside them, where a fast model's calls slow down many
     times (a transformer encoder: 0.5 ms on the free core, 1.3 ms sleeping and 100 ms spinning on both), so each
     timing is charged its full length, not the shorter one of a thousand fast calls."""
-    call_s = max(cost.inference_s, _FULL_TIMING_CALL_S) if cores_shared else cost.inference_s
+    call_s = max(cost.inference_s, FULL_TIMING_CALL_S) if cores_shared else cost.inference_s
     timing_s = time_model_seconds(call_s) + _TIMING_OVERHEAD_S
     apart_s = _PROCESS_S if library_bytes > LOADED_APART_BYTES else 0.0
     ways_s = thread_wait_ways * (timing_s + SPIN_DOWN_S)  # the tuned model timed once each way
