@@ -117,8 +117,10 @@ def choose_thread_wait(wanted: ThreadWait | Literal["auto"], timed: dict[str, li
         return ThreadWaitChoice(wanted, "recipe", spinning, sleeping)
     if spinning is None or sleeping is None:
         return None
+    # a daemon's tick is not a busy machine: other programs count from the share of a core the tuner counts
     choice = ThreadWaitChoice(thread_wait_policy(spinning, sleeping, spinning_busy, sleeping_busy), "measured",
-                              spinning, sleeping, spinning_busy, sleeping_busy, others_cores >= TAKEN_CORE)
+                              spinning, sleeping, spinning_busy, sleeping_busy,
+                              timed_beside_other_programs=others_cores >= TAKEN_CORE)
     cost = f"{sleeping:.3f} ms with them sleeping against {spinning:.3f} ms spinning"
     if spinning_busy is not None and sleeping_busy is not None:
         cost += f"; beside a low-priority busy process {sleeping_busy:.3f} against {spinning_busy:.3f} ms"
@@ -128,17 +130,17 @@ def choose_thread_wait(wanted: ThreadWait | Literal["auto"], timed: dict[str, li
     else:
         said = (f"the artifact's threads spin while they wait for work ({cost}): sleeping costs it more idle than "
                 "spinning costs it beside other work")
-    say(said + _timed_beside_other_programs(choice.policy, others_cores))
+    say(said + _timed_beside_other_programs(choice, others_cores))
     return choice
 
 
-def _timed_beside_other_programs(policy: ThreadWait, others_cores: float) -> str:
+def _timed_beside_other_programs(choice: ThreadWaitChoice, others_cores: float) -> str:
     """What the choice leaves open where other programs held cores while the model was timed "idle": a
     transformer encoder built beside a busy loop shipped sleeping threads (96 ms spinning, 1.1 ms sleeping there)
     and ran 0.46 ms on the idle machine, where it spun in 0.23 ms. Empty on a machine left to the build."""
-    if others_cores < TAKEN_CORE:  # a daemon's tick is not a busy machine
+    if not choice.timed_beside_other_programs:
         return ""
-    other = ("spinning threads may be faster (package.thread_wait: spin)" if policy == "sleep"
+    other = ("spinning threads may be faster (package.thread_wait: spin)" if choice.policy == "sleep"
              else "sleeping threads may cost less (package.thread_wait: sleep)")
     return (f"; other programs used {others_cores:.1f} cores while the model was timed, so neither figure is an "
             f"idle machine's: on an idle machine {other}")

@@ -291,6 +291,7 @@ def _budget_reserve(ctx: TargetBuild):
             cost = rank_cost(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
                              tvm.device(ctx.profile.device, 0), ctx.winograd, before_timing=ctx.untuned.library)
         one_rank = cost.total_s
+        cores_shared = threads is not None and threads < ctx.profile.cpu_threads
         ctx.ranks_that_fit = ranks_that_fit(cost.compared_s, ctx.budget_s)
         # the tuner's best, then the default schedules' model (compiled already), the other ranks and the chosen one
         compare = one_rank + cost.default_s + ctx.candidates * cost.compared_s if ctx.candidates > 1 else 0.0
@@ -298,10 +299,10 @@ def _budget_reserve(ctx: TargetBuild):
         finish = finish_seconds(cost, compiles=0 if ctx.candidates > 1 else 1,
                                 library_bytes=ctx.weight_bytes * _LIBRARY_PER_WEIGHT_BYTE,
                                 thread_wait_ways=len(thread_wait_ways(ctx.recipe.package.thread_wait)),
-                                cores_shared=threads is not None and threads < ctx.profile.cpu_threads)
+                                cores_shared=cores_shared)
         kept, ctx.finish_reserve_s = split_reserve(compare, finish, ctx.budget_s)
-        narrowed = f" (run on {threads} of {ctx.profile.cpu_threads} threads: other programs held cores)" if (
-            threads is not None and threads < ctx.profile.cpu_threads) else ""
+        narrowed = (f" (run on {threads} of {ctx.profile.cpu_threads} threads: other programs held cores)"
+                    if cores_shared else "")
         ctx.say(f"one compile and run of the model took {one_rank:.0f} s{narrowed}: the tuning budget keeps "
                 f"{kept:.0f} s, {kept - ctx.finish_reserve_s:.0f} s to compare each kernel's best schedules and its default "
                 f"inside the model and {ctx.finish_reserve_s:.0f} s for the final compile, timing and packaging")
