@@ -13,6 +13,32 @@ if TYPE_CHECKING:
     from edgetune.frontend.onnx import LoadedModel
 
 
+LONG_MODULES = ("test_release.py", "test_fleet.py", "test_emulated_boards.py", "test_real_models.py",
+                "test_build.py", "test_selection.py", "test_transfer.py", "test_task_shards.py", "test_cross.py")
+"""The modules that take minutes, longest first (about 230, 220, 180, 150, 110, 100, 80, 60 and 50 s alone):
+`scripts/test`'s two workers take whole modules in this order, so neither is left with a long one at the end."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--part", choices=("all", "parallel", "serial"), default="all",
+                     help="parallel: leave out the tests marked serial; serial: run only those (scripts/test runs "
+                          "the first on two workers, then the second alone)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep the chosen part, then put the long modules first (a stable sort: each module keeps its order)."""
+    part = config.getoption("--part")
+    if part != "all":
+        kept: list[pytest.Item] = []
+        left_out: list[pytest.Item] = []
+        for item in items:
+            (kept if (item.get_closest_marker("serial") is not None) == (part == "serial") else left_out).append(item)
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
+    rank = {name: position for position, name in enumerate(LONG_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_MODULES)))
+
+
 def save_image_model(path: Path, name: str, nodes: list, data_shape: list[int], classes: int,
                      initializers: list) -> LoadedModel:
     """An ONNX graph from `data` (float32, `data_shape`) to `logits` (1 x classes), saved and loaded."""

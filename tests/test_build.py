@@ -89,6 +89,7 @@ def test_a_local_build_chooses_each_kernels_schedule_inside_the_model(built) -> 
     assert "best schedules and its default inside the model" in run.stdout
 
 
+@pytest.mark.serial
 def test_a_time_budget_covers_the_whole_target_build(tmp_path) -> None:
     """The tuner stops early by the expected time of the in-model comparison and of the stages after it:
     import, tuning, comparison, final compile, timing, packaging and verification end within the budget.

@@ -239,6 +239,7 @@ def test_tune_wires_draft_verify_with_a_model_kept_beside_the_records(tmp_path):
     assert isinstance(_cost_model(stock, store, None), ms.cost_model.XGBModel)
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_short_tuning_run_improves_on_its_first_batch(tmp_path):
     """24 real measurements of a 384^3 matmul in batches of 4: the analyzer's first batch is many times

@@ -26,8 +26,9 @@ from edgetune.tuning.tune import timing
 
 BUSY_LOOP = f"{sys.executable} -c 'while True: pass'"
 
-pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2,
-                                reason="reads Linux's /proc; needs two cores")
+pytestmark = [pytest.mark.skipif(not os.path.isdir("/proc/self/task") or (os.cpu_count() or 1) < 2,
+                                 reason="reads Linux's /proc; needs two cores"),
+              pytest.mark.serial]  # another test's programs would count as other programs here
 
 
 @contextmanager

@@ -121,6 +121,7 @@ def test_a_recipe_that_asks_for_spinning_threads_ships_them_and_times_only_that_
     assert "as the recipe says (package.thread_wait)" in run.stdout
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_a_build_timed_beside_a_busy_program_says_its_choice_was_not_made_on_an_idle_machine(tmp_path: Path) -> None:
     from test_machine_load import other_program

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import tvm
 from tvm import te
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
@@ -23,6 +24,7 @@ def _mean_us(config: EvaluatorConfig, artifact: str, args: list) -> float:
     return mean_seconds(result.run_secs) * 1e6
 
 
+@pytest.mark.serial
 def test_a_cpu_kernel_is_timed_with_its_weights_out_of_the_cache() -> None:
     activation = te.placeholder((_WEIGHT_FLOATS,), name="activation")
     weight = te.placeholder((_WEIGHT_FLOATS,), name="weight")

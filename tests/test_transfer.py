@@ -194,25 +194,33 @@ def _plan(profile, trials: int, search: str, siblings=None, budget_s: float | No
                       siblings=siblings)
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_a_siblings_best_schedules_are_measured_first_and_keep_their_speed(tmp_path, conv_sibling):
     """The sibling's records warm-start a second device: its best schedule is measured first, alone, and the
     task's first round measures the other seeds, and nothing more. The sibling is this CPU, so its schedules
-    keep their speed here: the best of the four runs within 1.5x of what the sibling measured (a noisy CI
-    machine once timed the sibling's best 1.5x slower alone; comparing with a scratch batch lost to luck)."""
+    keep their speed here: the best of the four runs within 1.5x of what the sibling measured. The sibling was
+    timed minutes earlier, and this VM has run 2x slow for seconds at a time (a whole suite's run once timed the
+    sibling's best at 0.94 ms here against its own 0.49): a warm start that misses is run once more, in a store
+    of its own, and the faster of the two is judged. Schedules that lost their speed miss both times."""
     from edgetune.tuning.transfer.siblings import SEEDS_PER_TASK, load_sibling_records
 
     task, profile, sibling = conv_sibling
     target = profile.tvm_target()
-    warm = RecordStore(tmp_path / "warm")
     siblings = load_sibling_records({"sibling": sibling.directory}, [task], target, 2)
-    result = tune([task], target, warm, _plan(profile, SEEDS_PER_TASK, "evolutionary", siblings))
-    first_warm, seeds_round = warm.read_log()
-    assert (first_warm["measured"], seeds_round["measured"]) == (1, SEEDS_PER_TASK - 1)
-    assert result.transfer is not None and result.transfer.seeds_measured == SEEDS_PER_TASK
-    assert warm.measured(task) == SEEDS_PER_TASK  # the seeds count against the trials: nothing beyond them
-    assert _traces(warm, task) <= _traces(sibling, task)  # the sibling's schedules, none of scratch
-    assert warm.best_seconds(task) < 1.5 * sibling.best_seconds(task), (first_warm, seeds_round)
+    fastest = float("inf")
+    for attempt in ("warm", "warm-again"):
+        warm = RecordStore(tmp_path / attempt)
+        result = tune([task], target, warm, _plan(profile, SEEDS_PER_TASK, "evolutionary", siblings))
+        first_warm, seeds_round = warm.read_log()
+        assert (first_warm["measured"], seeds_round["measured"]) == (1, SEEDS_PER_TASK - 1)
+        assert result.transfer is not None and result.transfer.seeds_measured == SEEDS_PER_TASK
+        assert warm.measured(task) == SEEDS_PER_TASK  # the seeds count against the trials: nothing beyond them
+        assert _traces(warm, task) <= _traces(sibling, task)  # the sibling's schedules, none of scratch
+        fastest = min(fastest, warm.best_seconds(task))
+        if fastest < 1.5 * sibling.best_seconds(task):
+            break
+    assert fastest < 1.5 * sibling.best_seconds(task), (fastest, sibling.best_seconds(task))
 
 
 def _traces(store: RecordStore, task) -> set[str]:
