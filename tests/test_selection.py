@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 import tvm
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from tvm.s_tir.meta_schedule.database import TuningRecord
@@ -165,6 +166,7 @@ def test_past_the_deadline_only_the_tuners_best_is_compiled(tmp_path):
     assert selection.in_model_us == selection.tuner_best_in_model_us > 0
 
 
+@pytest.mark.serial
 def test_near_the_deadline_the_default_schedules_model_needs_room_for_its_timing_only(tmp_path):
     """The default schedules' model is the untuned one, which the build compiles apart anyway: it is compared
     when its timing fits before the deadline, while a further rank needs room for its compile and the chosen

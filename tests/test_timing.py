@@ -80,6 +80,7 @@ def _matmul_vm(n: int):
     return vm, [np.random.default_rng(0).random((n, n), dtype=np.float32)]
 
 
+@pytest.mark.serial
 def test_a_time_budget_keeps_what_a_model_timing_takes() -> None:
     """A budget keeps `time_model_seconds` for each timing of the last stages (build/tune.py): it must follow what
     `time_model` does, for a fast model (repeats sized by three calls) and one whose single call takes the whole
