@@ -217,7 +217,9 @@ def test_a_siblings_best_schedules_are_measured_first_and_keep_their_speed(tmp_p
         assert result.transfer is not None and result.transfer.seeds_measured == SEEDS_PER_TASK
         assert warm.measured(task) == SEEDS_PER_TASK  # the seeds count against the trials: nothing beyond them
         assert _traces(warm, task) <= _traces(sibling, task)  # the sibling's schedules, none of scratch
-        fastest = min(fastest, warm.best_seconds(task))
+        best = warm.best_seconds(task)
+        assert best is not None, (first_warm, seeds_round)  # every seed failed
+        fastest = min(fastest, best)
         if fastest < 1.5 * sibling.best_seconds(task):
             break
     assert fastest < 1.5 * sibling.best_seconds(task), (fastest, sibling.best_seconds(task))
