@@ -26,6 +26,8 @@ def _mean_us(config: EvaluatorConfig, artifact: str, args: list) -> float:
 
 @pytest.mark.serial
 def test_a_cpu_kernel_is_timed_with_its_weights_out_of_the_cache() -> None:
+    """Cold runs about 3x warm here; each is the fastest of three turns, since one timing in a slow spell of the
+    VM once gave a warm 7.8 us against a cold 11.3 (1.44x)."""
     activation = te.placeholder((_WEIGHT_FLOATS,), name="activation")
     weight = te.placeholder((_WEIGHT_FLOATS,), name="weight")
     out = te.compute((_WEIGHT_FLOATS,), lambda i: activation[i] + weight[i], name="out")
@@ -34,9 +36,10 @@ def test_a_cpu_kernel_is_timed_with_its_weights_out_of_the_cache() -> None:
     assert built.error_msg is None, built.error_msg
     args = ArgInfo.from_prim_func(mod["main"])
 
-    warm_us = _mean_us(EvaluatorConfig(), built.artifact_path, args)
-    cold_us = _mean_us(timing("cpu"), built.artifact_path, args)
-    assert cold_us > 1.5 * warm_us, (cold_us, warm_us)
+    turns = [(_mean_us(EvaluatorConfig(), built.artifact_path, args), _mean_us(timing("cpu"), built.artifact_path, args))
+             for _ in range(3)]
+    warm_us, cold_us = min(warm for warm, _ in turns), min(cold for _, cold in turns)
+    assert cold_us > 1.5 * warm_us, turns
 
 
 def test_gpu_kernels_keep_metaschedules_timing() -> None:
