@@ -95,6 +95,40 @@ def test_the_runtime_cache_is_not_replaced_when_someone_else_made_it(tmp_path: P
     assert is_owned(files.lib_dir) and (files.lib_dir / "libtvm_runtime.so").is_file()
 
 
+def test_the_runtime_cache_is_filled_beside_its_entry_and_builds_filling_it_at_once_share_one(tmp_path: Path,
+                                                                                                   monkeypatch) -> None:
+    """Every build's verify stage reads this cache: two builds at once (a release's workers, the tests' two) once
+    copied into the entry itself, where one could read a library the other was still writing."""
+    import shutil
+    import threading
+
+    from edgetune.package import runtime
+    from edgetune.profiles import machine_isa
+
+    monkeypatch.setenv("EDGETUNE_CACHE", str(tmp_path))
+    written: list[Path] = []
+    copy = shutil.copyfile
+
+    def recorded(source, destination):
+        written.append(Path(destination))
+        return copy(source, destination)
+
+    monkeypatch.setattr(runtime.shutil, "copyfile", recorded)
+    results: list[Path] = []
+    builds = [threading.Thread(target=lambda: results.append(runtime.runtime_files(machine_isa()).lib_dir))
+              for _ in range(2)]
+    for build in builds:
+        build.start()
+    for build in builds:
+        build.join()
+    [entry] = set(results)
+    assert written and all(path.parent != entry for path in written)  # never under the final name
+    assert [p.name for p in entry.parent.iterdir()] == [entry.name]  # no copy left beside it
+    for name, member in runtime._WHEEL_LIBRARY_PATHS.items():
+        assert (entry / Path(member).name).read_bytes() == runtime._installed_file(name, member).read_bytes()
+    assert is_owned(entry)
+
+
 @pytest.mark.slow
 def test_build_replaces_its_own_artifact_and_refuses_a_users_directory(tmp_path: Path) -> None:
     write_tiny_recipe(tmp_path, trials=0)

@@ -43,17 +43,43 @@ def runtime_files(arch: str) -> RuntimeFiles:
 
     versions = {name: metadata.version(name) for name in _WHEEL_LIBRARY_PATHS}
     directory = cache_dir() / "runtime" / f"{versions['apache-tvm']}-{versions['apache-tvm-ffi']}-{arch}"
-    if not all((directory / lib).is_file() for lib in LIBRARIES):
+    if not _complete(directory):
         if arch == machine_isa():
-            refuse_foreign(directory)
-            mark_owned(directory)
-            for name, member in _WHEEL_LIBRARY_PATHS.items():
-                shutil.copyfile(_installed_file(name, member), directory / Path(member).name)
+            _copy_installed(directory)
         elif arch in _PLATFORMS:
             _fetch(arch, versions, directory)
         else:
             raise BuildError(f"no TVM runtime wheels are published for {arch}; build TVM's runtime for it yourself")
     return RuntimeFiles(arch, directory, Path(tvm_ffi.__file__).parent / "include", versions)
+
+
+def _complete(directory: Path) -> bool:
+    return all((directory / lib).is_file() for lib in LIBRARIES)
+
+
+def _copy_installed(directory: Path) -> None:
+    """This machine's libraries from the installed wheels, copied beside the cache entry and renamed into place:
+    builds running at once (a release's workers, the tests' two) never read a half-copied library."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    refuse_foreign(directory)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.new-", dir=directory.parent))
+    mark_owned(staging)
+    for name, member in _WHEEL_LIBRARY_PATHS.items():
+        shutil.copyfile(_installed_file(name, member), staging / Path(member).name)
+    _put_in_place(staging, directory)
+
+
+def _put_in_place(staging: Path, directory: Path) -> None:
+    """`staging` in place of `directory`, unless another build filled the entry meanwhile: the same versions' same
+    files, so its copy stands (replacing it would take it away for an instant from a build reading it)."""
+    if not _complete(directory):
+        try:
+            replace_owned_directory(staging, directory)
+            return
+        except OSError:  # another build renamed its copy into place between the check and the rename
+            if not _complete(directory):
+                raise
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def _installed_file(distribution: str, member: str) -> Path:
@@ -89,4 +115,4 @@ def _fetch(arch: str, versions: dict[str, str], directory: Path) -> None:
         if missing:
             shutil.rmtree(staging)
             raise BuildError(f"TVM's {arch} wheels lack {', '.join(missing)}")
-        replace_owned_directory(staging, directory)
+        _put_in_place(staging, directory)
