@@ -83,6 +83,7 @@ def test_while_the_machine_is_still_slow_nothing_is_timed_again() -> None:
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: a kernel has no parallel loop to wait in")
+@pytest.mark.serial  # it waits for a quiet machine, which another worker's tests would not give it
 def test_a_candidate_timed_while_other_programs_held_every_core_is_timed_again_once_they_end(monkeypatch) -> None:
     """Busy loops at this process's priority start just before the first of three timings of one candidate and
     end just after it: its two threads wait on each other at the parallel loop's end, the reference beside it

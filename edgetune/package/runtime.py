@@ -64,8 +64,12 @@ def _copy_installed(directory: Path) -> None:
     refuse_foreign(directory)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.new-", dir=directory.parent))
     mark_owned(staging)
-    for name, member in _WHEEL_LIBRARY_PATHS.items():
-        shutil.copyfile(_installed_file(name, member), staging / Path(member).name)
+    try:
+        for name, member in _WHEEL_LIBRARY_PATHS.items():
+            shutil.copyfile(_installed_file(name, member), staging / Path(member).name)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     _put_in_place(staging, directory)
 
 
