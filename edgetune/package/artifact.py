@@ -110,12 +110,9 @@ def stage_artifact(
 
     An existing `directory` is replaced only when edgetune made it (it carries the ownership marker);
     anything else is an InputError naming it, with nothing touched."""
-    refuse_foreign(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.new-", dir=directory.parent))
+    staging = owned_staging_beside(directory)
     try:
         staging.chmod(0o755)
-        mark_owned(staging)
         _fill_artifact(staging, library, sample_inputs, reference_outputs, template_context)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -159,6 +156,16 @@ def refuse_foreign(directory: Path) -> None:
     problem = foreign_directory_problem(directory)
     if problem is not None:
         raise InputError(problem)
+
+
+def owned_staging_beside(directory: Path) -> Path:
+    """A fresh, marked sibling of `directory` to fill and then put in place with `replace_owned_directory`; an
+    InputError naming `directory` first when it exists and is not edgetune's."""
+    refuse_foreign(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.new-", dir=directory.parent))
+    mark_owned(staging)
+    return staging
 
 
 def replace_owned_directory(new: Path, directory: Path) -> None:

@@ -17,8 +17,8 @@ from importlib import metadata
 from pathlib import Path
 
 from edgetune.errors import BuildError
-from edgetune.ownership import cache_dir, mark_owned
-from edgetune.package.artifact import refuse_foreign, replace_owned_directory
+from edgetune.ownership import cache_dir
+from edgetune.package.artifact import owned_staging_beside, replace_owned_directory
 from edgetune.profiles import machine_isa
 
 LIBRARIES = ("libtvm_runtime.so", "libtvm_ffi.so")
@@ -60,10 +60,7 @@ def _complete(directory: Path) -> bool:
 def _copy_installed(directory: Path) -> None:
     """This machine's libraries from the installed wheels, copied beside the cache entry and renamed into place:
     builds running at once (a release's workers, the tests' two) never read a half-copied library."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    refuse_foreign(directory)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.new-", dir=directory.parent))
-    mark_owned(staging)
+    staging = owned_staging_beside(directory)
     try:
         for name, member in _WHEEL_LIBRARY_PATHS.items():
             shutil.copyfile(_installed_file(name, member), staging / Path(member).name)
@@ -106,10 +103,7 @@ def _fetch(arch: str, versions: dict[str, str], directory: Path) -> None:
                 f"could not download TVM's {arch} runtime wheels ({', '.join(f'{n}=={v}' for n, v in versions.items())}) "
                 f"with pip: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'no output'}"
             )
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        refuse_foreign(directory)  # a cache directory someone else made is left alone
-        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.new-", dir=directory.parent))
-        mark_owned(staging)
+        staging = owned_staging_beside(directory)  # a cache directory someone else made is left alone
         for wheel in Path(scratch).glob("*.whl"):
             with zipfile.ZipFile(wheel) as archive:
                 for member in _WHEEL_LIBRARY_PATHS.values():
