@@ -1,4 +1,4 @@
-"""The untuned model, compiled and exported once in a process of its own (build/untuned.py)."""
+"""The untuned model, compiled and exported once: a large one in a process of its own (build/untuned.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ import time
 import pytest
 
 import edgetune.build.untuned as untuned_module
-from edgetune.build.untuned import COMPILE_BASE_BYTES, UntunedModel
+from edgetune.build.untuned import (
+    APART_MIN_CALLS,
+    APART_MIN_WEIGHT_BYTES,
+    COMPILE_BASE_BYTES,
+    UntunedModel,
+    compile_apart_pays,
+)
 from edgetune.frontend.onnx import load_model, to_relax
 from edgetune.profiles import load_profile
 from edgetune.selection import constant_bytes
@@ -64,3 +70,40 @@ def test_without_the_memory_for_two_compiles_it_is_compiled_here_and_said(tmp_pa
 
     assert library.stat().st_size > 0 and not multiprocessing.active_children()
     assert len(said) == 1 and "two compiles at once would need 2.1 GB" in said[0], said
+
+
+def _chain(path, relus: int, weight_floats: int):
+    """`relus` Relu calls in a row, then one Add of a constant of `weight_floats` floats."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Relu", [f"x{i}"], [f"x{i + 1}"]) for i in range(relus)]
+    nodes.append(helper.make_node("Add", [f"x{relus}", "w"], ["y"]))
+    weight = numpy_helper.from_array(np.ones(weight_floats, dtype=np.float32), "w")
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x0", TensorProto.FLOAT, [weight_floats])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [weight_floats])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return to_relax(load_model(zoo=None, onnx_path=path, input_shapes=None))
+
+
+def test_only_a_model_whose_compile_outlasts_a_process_start_is_compiled_apart(tmp_path) -> None:
+    """A process apart costs TVM's import (1.9 s of CPU); tiny_cnn compiles in under a second."""
+    tiny = to_relax(load_model(zoo="tiny_cnn", onnx_path=None, input_shapes=None))
+    assert not compile_apart_pays(tiny, constant_bytes(tiny))
+    few = _chain(tmp_path / "few.onnx", APART_MIN_CALLS - 2, 4)
+    many = _chain(tmp_path / "many.onnx", APART_MIN_CALLS, 4)
+    heavy = _chain(tmp_path / "heavy.onnx", 1, APART_MIN_WEIGHT_BYTES // 4)
+    assert not compile_apart_pays(few, constant_bytes(few))
+    assert compile_apart_pays(many, constant_bytes(many))
+    assert compile_apart_pays(heavy, constant_bytes(heavy))
+
+
+def test_a_model_not_worth_a_process_is_compiled_here_when_first_asked_for(tmp_path) -> None:
+    relax_mod = to_relax(load_model(zoo="tiny_cnn", onnx_path=None, input_shapes=None))
+    untuned = UntunedModel(relax_mod, load_profile("host").tvm_target(), None, tmp_path / "untuned.so",
+                           lambda: None, constant_bytes(relax_mod), apart=False)
+    untuned.start()
+    assert not multiprocessing.active_children() and not (tmp_path / "untuned.so").exists()
+    assert untuned.library() == tmp_path / "untuned.so" and (tmp_path / "untuned.so").stat().st_size > 0
+    assert not multiprocessing.active_children()

@@ -10,7 +10,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgetune.build.untuned import UntunedModel
+from edgetune.build.untuned import UntunedModel, compile_apart_pays
 from edgetune.devices import Device
 from edgetune.frontend.model import LoadedModel
 from edgetune.frontend.winograd import WinogradPolicy
@@ -105,9 +105,11 @@ class TargetBuild:
 
     @cached_property
     def untuned(self) -> UntunedModel:
-        """The untuned model's library, compiled once in a process of its own beside a compile of this one."""
+        """The untuned model's library, compiled once: a large model's in a process of its own beside a compile of
+        this one, a small one's here."""
         return UntunedModel(self.relax_mod, self.tvm_target, self.winograd, self.work_dir / "untuned.so",
-                            self.device.link_compiler, self.weight_bytes, self.say)
+                            self.device.link_compiler, self.weight_bytes, self.say,
+                            apart=compile_apart_pays(self.relax_mod, self.weight_bytes))
 
     @property
     def candidates(self) -> int:

@@ -8,6 +8,7 @@ It starts beside the budget's reserve compile (build/tune.py) or else the first 
 TVM's compile is not thread-safe (TOPI keeps a global tag), hence a process, not a thread. The process holds
 a compile's memory of its own (an untuned ResNet-50, 102 MB of weights: 1.38 GB), so it runs only where the
 machine has that free beside this process's compile; elsewhere it is compiled here, when first asked for.
+A small model is compiled here too: the process's start costs more than its compile (`compile_apart_pays`).
 """
 
 from __future__ import annotations
@@ -25,13 +26,22 @@ COMPILE_BASE_BYTES = 1 << 30
 ResNet-50 compiled apart: 1.38 GB for 102 MB of weights, within 1.43 GB). Compiling apart needs twice that
 free: its own compile, and the one of this process beside it."""
 
+APART_MIN_CALLS = 48
+APART_MIN_WEIGHT_BYTES = 16 << 20
+"""A compile apart starts a process that imports TVM: 1.9 s of CPU more than compiling here (tiny_cnn's untuned
+model: 2.9 s apart, 0.7-1.1 s here). It pays for a model whose compile takes longer than that start: ResNet-18
+(70 operator calls, 47 MB of weights) 10 s, MobileNet-V2 (188 calls, 14 MB) 19-21 s. The tests' corpus of exported
+models (4-33 calls, under 0.1 MB) compiled in 0.5-1.6 s each, where a process apart would have doubled the CPU
+it takes. Compile time grows with the calls (a kernel each) and with the weights (packed and written out)."""
+
 
 class UntunedModel:
     """The target's untuned model library, compiled apart once; `library()` waits for it."""
 
     def __init__(self, relax_mod: Any, target: Any, winograd: Any, path: Path,
                  link_compiler: Callable[[], str | None], weight_bytes: int,
-                 say: Callable[[str], None] = lambda message: None) -> None:
+                 say: Callable[[str], None] = lambda message: None, apart: bool = True) -> None:
+        self._apart = apart  # False: compiled here, when first asked for (see compile_apart_pays)
         self._relax_mod, self._target, self._winograd, self._path = relax_mod, target, winograd, path
         self._link_compiler = link_compiler  # asked when the compile starts: a device that cannot link refuses
         self._needed_bytes = 2 * (COMPILE_BASE_BYTES + COMPILE_BYTES_PER_WEIGHT_BYTE * weight_bytes)
@@ -42,8 +52,8 @@ class UntunedModel:
 
     def start(self) -> None:
         """Begin the compile in a fresh process, unless it began already, or the machine lacks the memory for it
-        (then `library()` compiles it here)."""
-        if self._process is not None or self._library is not None or not self._memory_allows():
+        (then `library()` compiles it here), or it is not worth a process of its own."""
+        if not self._apart or self._process is not None or self._library is not None or not self._memory_allows():
             return
         spawn = get_context("spawn")
         receiver, sender = spawn.Pipe(duplex=False)
@@ -93,6 +103,25 @@ class UntunedModel:
 
     def _arguments(self) -> tuple:
         return self._relax_mod, self._target, self._winograd, self._path, self._link_compiler()
+
+
+def compile_apart_pays(relax_mod: Any, weight_bytes: int) -> bool:
+    """Whether the model's compile takes longer than starting a process for it (APART_MIN_CALLS)."""
+    if weight_bytes >= APART_MIN_WEIGHT_BYTES:
+        return True
+    from tvm import relax
+
+    calls = 0
+
+    def count(expr: Any) -> None:
+        nonlocal calls
+        if isinstance(expr, relax.Call):
+            calls += 1
+
+    for function in relax_mod.functions.values():
+        if isinstance(function, relax.Function):
+            relax.analysis.post_order_visit(function.body, count)
+    return calls >= APART_MIN_CALLS
 
 
 def free_memory_bytes() -> int:
