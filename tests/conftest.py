@@ -1,7 +1,10 @@
-"""Shared fixtures: one real tiny build per test session, reused by every test that only reads it."""
+"""Shared fixtures: one real tiny build per test run (shared by its xdist workers), reused by every test that only reads it."""
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -91,9 +94,21 @@ def write_tiny_recipe(directory: Path, trials: int = 2, max_tasks: int = 2, budg
 
 @pytest.fixture(scope="session")
 def tiny_build(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """tiny_cnn built for this machine with 2 trials for each of its 2 heaviest tasks."""
-    directory = tmp_path_factory.mktemp("tiny")
-    write_tiny_recipe(directory, lean=False)
-    run = run_edgetune("build", "tiny.yaml", "--json", "summary.json", cwd=directory)
+    """tiny_cnn built for this machine with 2 trials for each of its 2 heaviest tasks, once per test run: under
+    pytest-xdist the first worker to ask builds it (the others wait on a lock) and all read the one directory."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's directory, above each worker's own
+    directory, saved = shared / "tiny-build", shared / "tiny-build.json"
+    with (shared / "tiny-build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not saved.exists():
+            directory.mkdir()
+            write_tiny_recipe(directory, lean=False)
+            done = run_edgetune("build", "tiny.yaml", "--json", "summary.json", cwd=directory)
+            saved.write_text(json.dumps({"args": done.args, "returncode": done.returncode, "stdout": done.stdout,
+                                         "stderr": done.stderr}))
+        fields = json.loads(saved.read_text())
+    run = subprocess.CompletedProcess(fields["args"], fields["returncode"], fields["stdout"], fields["stderr"])
     assert run.returncode == 0, run.stdout + run.stderr
     return directory, run
