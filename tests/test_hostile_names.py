@@ -102,8 +102,8 @@ def _hostile_context(names: dict[str, str]) -> dict:
         "reference_text": "1 ms", "arch": "x86_64", "cxx": "g++", "cpu_threads": 2, "cpu_thread_spin_count": 0,
         "thread_wait_chosen_by": "measured",
         "output_names": [names["out_py"], names["out_savez"]],
-        "inputs": [{"name": names["in_cpp"], "shape": [1, 4], "dl_code": "kDLFloat", "bits": 32},
-                   {"name": names["in_py"], "shape": [1, 4], "dl_code": "kDLFloat", "bits": 32}],
+        "inputs": [{"name": names["in_cpp"], "shape": [1, 4], "dl_code": "kDLFloat", "bits": 32, "index_limit": None},
+                   {"name": names["in_py"], "shape": [1, 4], "dl_code": "kDLInt", "bits": 64, "index_limit": 7}],
     }
 
 
@@ -112,7 +112,7 @@ def _write_hostile_artifact(root: Path, names: dict[str, str]) -> Path:
     directory = root / "host"
     write_artifact_files(directory, library=root / "lib.so",
                          sample_inputs={names["in_cpp"]: np.zeros((1, 4), "float32"),
-                                        names["in_py"]: np.ones((1, 4), "float32")},
+                                        names["in_py"]: np.ones((1, 4), "int64")},  # ids into a 7-row table
                          reference_outputs={names["out_py"]: np.zeros((1, 4), "float32"),
                                             names["out_savez"]: np.zeros((1, 4), "float32")},
                          template_context=_hostile_context(names))
@@ -138,9 +138,11 @@ def test_generated_files_hold_no_name_and_io_json_holds_them_all(tmp_path: Path)
     assert [i["name"] for i in spec["inputs"]] == [names["in_cpp"], names["in_py"]]
     assert [o["name"] for o in spec["outputs"]] == [names["out_py"], names["out_savez"]]
     assert spec["inputs"][0]["shape"] == [1, 4] and spec["inputs"][0]["dtype"] == "float32"
+    assert [i["index_limit"] for i in spec["inputs"]] == [None, 7] and spec["inputs"][1]["dtype"] == "int64"
     assert (directory / "io.json").read_bytes().isascii()
     readme = (directory / "README.md").read_text()
     assert "\\<script\\>" in readme
+    assert "holds ids into a table of 7 rows" in readme  # after the input's name, escaped
     assert readme.startswith("# " + r'a\\u\{000a\}b\"\"\" triple' + " for host\n")
 
 

@@ -9,6 +9,8 @@ external weight files, Shape/Constant subgraphs.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -392,3 +394,64 @@ def test_many_identity_nodes_over_one_weight_copy_nothing_and_a_subgraph_keeps_i
     assert [n.output[0] for n in rewritten.graph.node if n.op_type == "Identity"] == ["w.sub"]
     feeds = {"x": np.arange(4, dtype=np.float32), "flag": np.array(True)}
     np.testing.assert_allclose(_ort(rewritten, feeds)[0], _ort(model, feeds)[0])
+
+
+@pytest.mark.slow
+def test_token_ids_outside_the_embedding_table_are_refused_by_run_py_and_the_deploy_program(
+        corpus, untuned_release, tmp_path) -> None:
+    """TVM's gather reads any index it is given: a token id past the table's 40 rows crashed the artifact or
+    returned rows of whatever memory followed. io.json carries each index input's table length; run.py and the
+    C++ deploy program refuse ids outside [-40, 40) (ONNX counts negative ids from the end), exit 2, naming the
+    input and the range, and run every id inside it as ONNX Runtime does."""
+    import subprocess
+    import sys
+
+    from edgetune.package.deploy import build_program, stage_runtime
+    from edgetune.package.runtime import runtime_files
+    from edgetune.profiles import load_profile
+    from edgetune.toolchains import resolve_toolchain
+
+    directory, _ = untuned_release
+    artifact = Path(json.loads((directory / "out" / "token-transformer" / "summary.json").read_text())
+                    ["targets"]["host"]["artifact_dir"])
+    assert json.loads((artifact / "io.json").read_text())["inputs"][0]["index_limit"] == 40
+    proto = onnx.load(str(corpus["token_transformer"].path))
+    toolchain = resolve_toolchain(load_profile("host"))
+    runtime = stage_runtime(runtime_files(toolchain.arch), tmp_path / "runtime")
+    program = build_program(artifact / "deploy", toolchain, runtime, tmp_path / "deploy")
+    environment = {**os.environ, "LD_LIBRARY_PATH": str(runtime / "lib")}
+    for position, token in enumerate((40, -41, 10**9, -40, 39)):
+        ids = np.array([[1, 2, 3, 4, 5, 6]], dtype=np.int64)
+        ids[0, position % 6] = token
+        np.savez(tmp_path / "ids.npz", ids=ids)
+        ids.tofile(tmp_path / "ids.bin")
+        runs = (subprocess.run([sys.executable, str(artifact / "run.py"), "--input", str(tmp_path / "ids.npz"),
+                                "--output", str(tmp_path / "out.npz")], capture_output=True, text=True, timeout=120,
+                               check=False),
+                subprocess.run([str(program), str(artifact / "model.so"), str(tmp_path / "ids.bin"),
+                                str(tmp_path / "out")], capture_output=True, text=True, timeout=120, env=environment,
+                               check=False))
+        if -40 <= token < 40:
+            expected = _ort(proto, {"ids": ids})
+            assert all(run.returncode == 0 for run in runs), [run.stderr for run in runs]
+            with np.load(tmp_path / "out.npz") as outputs:
+                np.testing.assert_allclose(outputs["hidden"], expected[0], rtol=1e-4, atol=1e-4)
+            hidden = np.fromfile(tmp_path / "out0.bin", dtype=np.float32).reshape(expected[0].shape)
+            np.testing.assert_allclose(hidden, expected[0], rtol=1e-4, atol=1e-4)
+            continue
+        for run in runs:
+            assert run.returncode == 2, (token, run.returncode, run.stdout, run.stderr)
+            assert "Traceback" not in run.stderr
+            assert f"{token}" in run.stderr and "[-40, 40)" in run.stderr, run.stderr
+        assert "'ids'" in runs[0].stderr and "input 0" in runs[1].stderr
+    assert "ids into a table of 40 rows" in (artifact / "README.md").read_text()
+    # an edited io.json's table length is refused as such, not run
+    edited = Path(shutil.copytree(artifact, tmp_path / "edited"))
+    spec = json.loads((edited / "io.json").read_text())
+    for hostile in ("40; import os", -1, 0, True):
+        spec["inputs"][0]["index_limit"] = hostile
+        (edited / "io.json").write_text(json.dumps(spec))
+        refused = subprocess.run([sys.executable, "run.py"], cwd=edited, capture_output=True, text=True, timeout=120,
+                                 check=False)
+        assert refused.returncode == 1 and "io.json: index_limit" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr

@@ -139,7 +139,7 @@ def _template_context(ctx: TargetBuild, latency: Latency) -> dict[str, Any]:
         "output_names": list(model.output_names),
         "inputs": [
             {"name": i.name, "shape": [int(d) for d in i.shape], "dl_code": _DL_CODES[np.dtype(i.dtype).kind],
-             "bits": np.dtype(i.dtype).itemsize * 8}
+             "bits": np.dtype(i.dtype).itemsize * 8, "index_limit": model.index_limits.get(i.name)}
             for i in model.inputs
         ],
         "rtol": recipe.verify.rtol,

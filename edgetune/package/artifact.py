@@ -145,8 +145,10 @@ def _io_spec(context: dict[str, Any], sample_inputs: dict[str, np.ndarray]) -> d
         "cpu_thread_spin_count": context["cpu_thread_spin_count"],
         "rtol": context["rtol"],
         "atol": context["atol"],
+        # index_limit: the rows of the table an integer input indexes (a token embedding), else null
         "inputs": [{"name": i["name"], "shape": [int(d) for d in i["shape"]],
-                    "dtype": str(sample_inputs[i["name"]].dtype)} for i in context["inputs"]],
+                    "dtype": str(sample_inputs[i["name"]].dtype), "index_limit": i.get("index_limit")}
+                   for i in context["inputs"]],
         "outputs": [{"name": name} for name in context["output_names"]],
     }
 
