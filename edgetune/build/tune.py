@@ -282,7 +282,8 @@ def _budget_reserve(ctx: TargetBuild):
         from edgetune.selection import rank_cost
 
         samples = ctx.model.sample_inputs()
-        # compiled apart beside this compile (short of memory: here, before the timing); done before any timing
+        # compiled apart beside this compile (a small model, or short of memory: here, before the timing);
+        # done before any timing
         ctx.untuned.start()
         # timed on the cores the comparison will have: timed on both threads beside a busy loop, a ResNet-18's
         # reserve said 237 s for the stages after tuning, which took 77 s (the untuned model's timing is scaled

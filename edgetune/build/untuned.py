@@ -1,4 +1,4 @@
-"""The untuned model, compiled and exported in a process of its own beside a compile of this one.
+"""The untuned model, compiled and exported in a process of its own beside a compile of this one (a large one).
 
 A compile keeps one core busy: on a 2-core machine MobileNet-V2's tuned compile and export took 28.7 s alone and
 28.8 s with the untuned one (18.8 s alone) compiling beside it in another process. The untuned model is compiled
@@ -36,7 +36,8 @@ it takes. Compile time grows with the calls (a kernel each) and with the weights
 
 
 class UntunedModel:
-    """The target's untuned model library, compiled apart once; `library()` waits for it."""
+    """The target's untuned model library, compiled once (apart, or here when `apart` is False or memory is short);
+    `library()` waits for it."""
 
     def __init__(self, relax_mod: Any, target: Any, winograd: Any, path: Path,
                  link_compiler: Callable[[], str | None], weight_bytes: int,
