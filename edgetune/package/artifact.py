@@ -15,7 +15,8 @@ import io
 import json
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -110,13 +111,9 @@ def stage_artifact(
 
     An existing `directory` is replaced only when edgetune made it (it carries the ownership marker);
     anything else is an InputError naming it, with nothing touched."""
-    staging = owned_staging_beside(directory)
-    try:
+    with owned_staging_beside(directory) as staging:
         staging.chmod(0o755)
         _fill_artifact(staging, library, sample_inputs, reference_outputs, template_context)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return staging
 
 
@@ -147,7 +144,7 @@ def _io_spec(context: dict[str, Any], sample_inputs: dict[str, np.ndarray]) -> d
         "atol": context["atol"],
         # index_limit: the rows of the table an integer input indexes (a token embedding), else null
         "inputs": [{"name": i["name"], "shape": [int(d) for d in i["shape"]],
-                    "dtype": str(sample_inputs[i["name"]].dtype), "index_limit": i.get("index_limit")}
+                    "dtype": str(sample_inputs[i["name"]].dtype), "index_limit": i["index_limit"]}
                    for i in context["inputs"]],
         "outputs": [{"name": name} for name in context["output_names"]],
     }
@@ -160,14 +157,19 @@ def refuse_foreign(directory: Path) -> None:
         raise InputError(problem)
 
 
-def owned_staging_beside(directory: Path) -> Path:
-    """A fresh, marked sibling of `directory` to fill and then put in place with `replace_owned_directory`; an
-    InputError naming `directory` first when it exists and is not edgetune's."""
+@contextmanager
+def owned_staging_beside(directory: Path) -> Iterator[Path]:
+    """A fresh, marked sibling of `directory` to fill and then put in place with `replace_owned_directory`, removed
+    if the block raises; an InputError naming `directory` first when it exists and is not edgetune's."""
     refuse_foreign(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.new-", dir=directory.parent))
-    mark_owned(staging)
-    return staging
+    try:
+        mark_owned(staging)
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def replace_owned_directory(new: Path, directory: Path) -> None:

@@ -60,14 +60,10 @@ def _complete(directory: Path) -> bool:
 def _copy_installed(directory: Path) -> None:
     """This machine's libraries from the installed wheels, copied beside the cache entry and renamed into place:
     builds running at once (a release's workers, the tests' two) never read a half-copied library."""
-    staging = owned_staging_beside(directory)
-    try:
+    with owned_staging_beside(directory) as staging:
         for name, member in _WHEEL_LIBRARY_PATHS.items():
             shutil.copyfile(_installed_file(name, member), staging / Path(member).name)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    _put_in_place(staging, directory)
+        _put_in_place(staging, directory)
 
 
 def _put_in_place(staging: Path, directory: Path) -> None:
@@ -103,14 +99,14 @@ def _fetch(arch: str, versions: dict[str, str], directory: Path) -> None:
                 f"could not download TVM's {arch} runtime wheels ({', '.join(f'{n}=={v}' for n, v in versions.items())}) "
                 f"with pip: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'no output'}"
             )
-        staging = owned_staging_beside(directory)  # a cache directory someone else made is left alone
-        for wheel in Path(scratch).glob("*.whl"):
-            with zipfile.ZipFile(wheel) as archive:
-                for member in _WHEEL_LIBRARY_PATHS.values():
-                    if member in archive.namelist():
-                        (staging / Path(member).name).write_bytes(archive.read(member))
-        missing = [lib for lib in LIBRARIES if not (staging / lib).is_file()]
-        if missing:
-            shutil.rmtree(staging)
-            raise BuildError(f"TVM's {arch} wheels lack {', '.join(missing)}")
-        _put_in_place(staging, directory)
+        # a cache directory someone else made is left alone
+        with owned_staging_beside(directory) as staging:
+            for wheel in Path(scratch).glob("*.whl"):
+                with zipfile.ZipFile(wheel) as archive:
+                    for member in _WHEEL_LIBRARY_PATHS.values():
+                        if member in archive.namelist():
+                            (staging / Path(member).name).write_bytes(archive.read(member))
+            missing = [lib for lib in LIBRARIES if not (staging / lib).is_file()]
+            if missing:
+                raise BuildError(f"TVM's {arch} wheels lack {', '.join(missing)}")
+            _put_in_place(staging, directory)
