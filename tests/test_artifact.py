@@ -18,7 +18,8 @@ CONTEXT = {
     "measured_on": "here", "tuned_text": "1 ms", "untuned_text": "2 ms", "reference_text": "1 ms",
     "arch": "x86_64", "cxx": "g++", "output_names": ["logits"], "cpu_threads": 2, "cpu_thread_spin_count": 0,
     "thread_wait_chosen_by": "measured",
-    "inputs": [{"name": "data", "shape": [6], "dl_code": "kDLFloat", "bits": 32, "index_limit": None}],
+    "inputs": [{"name": "data", "shape": [6], "dl_code": "kDLFloat", "bits": 32, "index_limit": None,
+                "index_from": None}],
 }
 
 

@@ -102,8 +102,10 @@ def _hostile_context(names: dict[str, str]) -> dict:
         "reference_text": "1 ms", "arch": "x86_64", "cxx": "g++", "cpu_threads": 2, "cpu_thread_spin_count": 0,
         "thread_wait_chosen_by": "measured",
         "output_names": [names["out_py"], names["out_savez"]],
-        "inputs": [{"name": names["in_cpp"], "shape": [1, 4], "dl_code": "kDLFloat", "bits": 32, "index_limit": None},
-                   {"name": names["in_py"], "shape": [1, 4], "dl_code": "kDLInt", "bits": 64, "index_limit": 7}],
+        "inputs": [{"name": names["in_cpp"], "shape": [1, 4], "dl_code": "kDLFloat", "bits": 32, "index_limit": None,
+                    "index_from": None},
+                   {"name": names["in_py"], "shape": [1, 4], "dl_code": "kDLInt", "bits": 64, "index_limit": 7,
+                    "index_from": 0}],
     }
 
 
@@ -138,7 +140,7 @@ def test_generated_files_hold_no_name_and_io_json_holds_them_all(tmp_path: Path)
     assert [i["name"] for i in spec["inputs"]] == [names["in_cpp"], names["in_py"]]
     assert [o["name"] for o in spec["outputs"]] == [names["out_py"], names["out_savez"]]
     assert spec["inputs"][0]["shape"] == [1, 4] and spec["inputs"][0]["dtype"] == "float32"
-    assert [i["index_limit"] for i in spec["inputs"]] == [None, 7] and spec["inputs"][1]["dtype"] == "int64"
+    assert [(i["index_from"], i["index_limit"]) for i in spec["inputs"]] == [(None, None), (0, 7)] and spec["inputs"][1]["dtype"] == "int64"
     assert (directory / "io.json").read_bytes().isascii()
     readme = (directory / "README.md").read_text()
     assert "\\<script\\>" in readme

@@ -101,6 +101,55 @@ def test_token_ids_are_sampled_inside_the_vocabulary(corpus) -> None:
     assert ids.dtype == np.int64 and ids.max() >= 10 and ids.max() < 40
 
 
+def _gather_net(tmp_path: Path, index_nodes: list, index: str, table_nodes: list, table: str) -> Path:
+    """int64 ids [1, 6] -> `index_nodes` -> a Gather from `table` (a 40 x 4 initializer, or what `table_nodes`
+    make) and one more, straight from the ids, from an 80-row initializer."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rows = numpy_helper.from_array(np.ones((40, 4), np.float32), "rows")
+    wide = numpy_helper.from_array(np.ones((80, 4), np.float32), "wide")
+    shape = numpy_helper.from_array(np.array([6], np.int64), "flat")
+    nodes = [*index_nodes, *table_nodes, helper.make_node("Gather", [table, index], ["picked"]),
+             helper.make_node("Gather", ["wide", "ids"], ["direct"])]
+    graph = helper.make_graph(
+        nodes, "gather", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 6])],
+        [helper.make_tensor_value_info("picked", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("direct", TensorProto.FLOAT, [1, 6, 4])], [rows, wide, shape])
+    path = tmp_path / f"gather{len(list(tmp_path.iterdir()))}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_ids_that_reach_an_embedding_through_a_reshape_or_an_integer_cast_get_its_table_length(tmp_path) -> None:
+    """GPT-2's exports reshape the token ids before the embedding's Gather, Keras' cast them to int32: the ids still
+    index the table, so the artifact must check them. A computed index (ids + 1) or a float cast is not followed."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    reshape_cast = [helper.make_node("Reshape", ["ids", "flat"], ["flat_ids"]),
+                    helper.make_node("Cast", ["flat_ids"], ["ids32"], to=TensorProto.INT32)]
+    constant_table = [helper.make_node("Constant", [], ["table"],
+                                       value=numpy_helper.from_array(np.ones((30, 4), np.float32)))]
+    tied_table = [helper.make_node("Identity", ["rows"], ["tied"])]
+    unsqueezed = [helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(np.array([0], np.int64))),
+                  helper.make_node("Unsqueeze", ["ids", "zero"], ["ids3"])]
+    plus_one = [helper.make_node("Constant", [], ["one"], value=numpy_helper.from_array(np.array(1, np.int64))),
+                helper.make_node("Add", ["ids", "one"], ["shifted"])]
+    cases = {
+        "reshape and int32 cast": (reshape_cast, "ids32", [], "rows", {"ids": 40}),
+        "a Constant node's table": (reshape_cast, "ids32", constant_table, "table", {"ids": 30}),
+        "a table behind an Identity": ([], "ids", tied_table, "tied", {"ids": 40}),
+        "an Unsqueeze": (unsqueezed, "ids3", [], "rows", {"ids": 40}),
+        "a computed index": (plus_one, "shifted", [], "rows", {"ids": 80}),
+    }
+    for case, (index_nodes, index, table_nodes, table, expected) in cases.items():
+        path = _gather_net(tmp_path, index_nodes, index, table_nodes, table)
+        assert load_model(zoo=None, onnx_path=path, input_shapes=None).index_limits == expected, case
+    as_float = [helper.make_node("Cast", ["ids"], ["ids_f"], to=TensorProto.FLOAT),
+                helper.make_node("Cast", ["ids_f"], ["ids_back"], to=TensorProto.INT64)]
+    path = _gather_net(tmp_path, as_float, "ids_back", [], "rows")
+    assert load_model(zoo=None, onnx_path=path, input_shapes=None).index_limits == {"ids": 80}
+
+
 def test_a_symbolic_dimension_without_input_shapes_is_named(corpus, tmp_path) -> None:
     run = run_edgetune("build", str(_recipe(tmp_path, corpus["symbolic_batch"], None)), cwd=tmp_path)
     assert run.returncode == 2, run.stdout + run.stderr
@@ -229,6 +278,38 @@ def _has_torch() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
+_GPT2_LIKE_EXPORT = """
+import sys, torch
+class Gpt2Like(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte, self.wpe, self.tte = torch.nn.Embedding(40, 8), torch.nn.Embedding(16, 8), torch.nn.Embedding(2, 8)
+        self.head = torch.nn.Linear(8, 40)
+    def forward(self, input_ids, token_type_ids):
+        ids = input_ids.view(-1, input_ids.size(-1))
+        positions = torch.arange(0, input_ids.size(-1), dtype=torch.long).unsqueeze(0)
+        return self.head(self.wte(ids) + self.wpe(positions) + self.tte(token_type_ids.to(torch.int32)))
+example = (torch.zeros(1, 6, dtype=torch.int64), torch.zeros(1, 6, dtype=torch.int64))
+torch.onnx.export(Gpt2Like().eval(), example, sys.argv[1], input_names=["input_ids", "token_type_ids"],
+                  output_names=["logits"], opset_version=14, dynamo=False)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _has_torch(), reason="PyTorch is not installed (pip install 'edgetune[torch]')")
+def test_a_torch_onnx_export_of_gpt2s_embedding_gets_both_table_lengths(tmp_path) -> None:
+    """PyTorch's ONNX exporter writes GPT-2's `input_ids.view(-1, n)` as a Reshape before the Gather and an int32
+    cast as a Cast: neither input had a table length before, so their artifacts checked no id."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-W", "ignore", "-c", _GPT2_LIKE_EXPORT, str(tmp_path / "gpt2.onnx")],
+                   check=True, timeout=300)
+    model = load_model(zoo=None, onnx_path=tmp_path / "gpt2.onnx", input_shapes=None)
+    assert model.index_limits == {"input_ids": 40, "token_type_ids": 2}
+    assert model.sample_inputs()["token_type_ids"].max() < 2
+
+
 _EXPORT_SCRIPT = """
 import sys, torch
 class Net(torch.nn.Module):
@@ -238,10 +319,12 @@ class Net(torch.nn.Module):
         self.norm = torch.nn.BatchNorm2d(4)
         self.drop = torch.nn.Dropout(0.3)
         self.tokens = torch.nn.Embedding(50, 4)
+        self.positions = torch.nn.Embedding(30, 4)
         self.head = torch.nn.Linear(4, 5)
     def forward(self, image, ids):
         features = self.drop(torch.relu(self.norm(self.conv(image)))).mean((2, 3))
-        logits = self.head(features + self.tokens(ids).mean(1))
+        looked_up = self.tokens(ids) + self.positions(ids.view(-1, ids.shape[-1]).to(torch.int32))
+        logits = self.head(features + looked_up.mean(1))
         return logits, logits.argmax(-1)
 torch.manual_seed(0)
 net = Net().eval()
@@ -256,8 +339,10 @@ torch.export.save(torch.export.export(net, example), sys.argv[1])
 @pytest.mark.skipif(not _has_torch(), reason="PyTorch is not installed (pip install 'edgetune[torch]'): "
                                              "the exported_program path is not tested here")
 def test_a_torch_export_program_builds_and_matches_pytorch(tmp_path) -> None:
-    """A program saved by torch.export.save (conv, batch norm, dropout, token ids into an embedding, a float and
-    an int64 output) builds and matches PyTorch; token ids are sampled inside the embedding table."""
+    """A program saved by torch.export.save (conv, batch norm, dropout, token ids into two embeddings, one through a
+    view and an int32 cast; a float and an int64 output) builds and matches PyTorch; token ids are sampled inside
+    the smaller table. Its run.py refuses ids outside [0, 30): TVM's take would read a negative one before the
+    table, where ONNX's Gather counts it from the end and PyTorch refuses it."""
     import subprocess
     import sys
 
@@ -273,8 +358,20 @@ def test_a_torch_export_program_builds_and_matches_pytorch(tmp_path) -> None:
     assert manifest["model"]["inputs"] == [{"name": "image", "shape": [1, 3, 8, 8], "dtype": "float32"},
                                            {"name": "ids", "shape": [1, 6], "dtype": "int64"}]
     assert len(manifest["model"]["outputs"]) == 2
-    with np.load(Path(host["artifact_dir"]) / "sample_input.npz") as samples:
-        assert samples["ids"].max() >= 10 and samples["ids"].max() < 50
+    artifact = Path(host["artifact_dir"])
+    with np.load(artifact / "sample_input.npz") as samples:
+        assert samples["ids"].max() >= 10 and samples["ids"].max() < 30
+        image = samples["image"]
+    assert [(i["index_from"], i["index_limit"]) for i in json.loads((artifact / "io.json").read_text())["inputs"]] \
+        == [(None, None), (0, 30)]
+    assert "ids into a table of 30 rows" in (artifact / "README.md").read_text()
+    for token, code in ((-1, 2), (30, 2), (29, 0), (0, 0)):
+        np.savez(tmp_path / "in.npz", image=image, ids=np.array([[1, 2, token, 4, 5, 6]], dtype=np.int64))
+        run = subprocess.run([sys.executable, str(artifact / "run.py"), "--input", str(tmp_path / "in.npz"),
+                              "--output", str(tmp_path / "out.npz")], capture_output=True, text=True, timeout=120,
+                             check=False)
+        assert run.returncode == code, (token, run.stdout, run.stderr)
+        assert code == 0 or (f"id {token} at (0, 2) is outside [0, 30)" in run.stderr and "Traceback" not in run.stderr)
 
 
 @pytest.mark.skipif(_has_torch(), reason="PyTorch is installed: the error for its absence cannot occur")
@@ -414,7 +511,8 @@ def test_token_ids_outside_the_embedding_table_are_refused_by_run_py_and_the_dep
     directory, _ = untuned_release
     artifact = Path(json.loads((directory / "out" / "token-transformer" / "summary.json").read_text())
                     ["targets"]["host"]["artifact_dir"])
-    assert json.loads((artifact / "io.json").read_text())["inputs"][0]["index_limit"] == 40
+    ids_entry = json.loads((artifact / "io.json").read_text())["inputs"][0]
+    assert (ids_entry["index_from"], ids_entry["index_limit"]) == (-40, 40)
     proto = onnx.load(str(corpus["token_transformer"].path))
     toolchain = resolve_toolchain(load_profile("host"))
     runtime = stage_runtime(runtime_files(toolchain.arch), tmp_path / "runtime")
@@ -454,4 +552,12 @@ def test_token_ids_outside_the_embedding_table_are_refused_by_run_py_and_the_dep
         refused = subprocess.run([sys.executable, "run.py"], cwd=edited, capture_output=True, text=True, timeout=120,
                                  check=False)
         assert refused.returncode == 1 and "io.json: index_limit" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+    spec["inputs"][0]["index_limit"] = 40
+    for hostile in ("0; import os", 1, -41, True, None):
+        spec["inputs"][0]["index_from"] = hostile
+        (edited / "io.json").write_text(json.dumps(spec))
+        refused = subprocess.run([sys.executable, "run.py"], cwd=edited, capture_output=True, text=True, timeout=120,
+                                 check=False)
+        assert refused.returncode == 1 and "io.json: index_from" in refused.stderr, refused.stderr
         assert "Traceback" not in refused.stderr

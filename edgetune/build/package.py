@@ -17,7 +17,7 @@ import edgetune
 from edgetune.build.compile import CompiledTarget
 from edgetune.build.context import TargetBuild
 from edgetune.build.measure import Latency
-from edgetune.report.summary import TargetResult
+from edgetune.frontend.model import LoadedModel
 from edgetune.package.artifact import stage_artifact
 from edgetune.package.deploy import build_program, stage_runtime
 from edgetune.package.manifest import (
@@ -34,6 +34,7 @@ from edgetune.package.manifest import (
 )
 from edgetune.package.runtime import runtime_files
 from edgetune.recipe import recipe_hash
+from edgetune.report.summary import TargetResult
 from edgetune.runtime import spin_count
 
 
@@ -139,7 +140,7 @@ def _template_context(ctx: TargetBuild, latency: Latency) -> dict[str, Any]:
         "output_names": list(model.output_names),
         "inputs": [
             {"name": i.name, "shape": [int(d) for d in i.shape], "dl_code": _DL_CODES[np.dtype(i.dtype).kind],
-             "bits": np.dtype(i.dtype).itemsize * 8, "index_limit": model.index_limits.get(i.name)}
+             "bits": np.dtype(i.dtype).itemsize * 8, **_index_range(model, i.name)}
             for i in model.inputs
         ],
         "rtol": recipe.verify.rtol,
@@ -153,6 +154,15 @@ def _template_context(ctx: TargetBuild, latency: Latency) -> dict[str, Any]:
 
 _DL_CODES = {"f": "kDLFloat", "i": "kDLInt", "u": "kDLUInt", "b": "kDLBool"}
 """DLPack's type code per numpy dtype kind, for the deploy program's input tensors."""
+
+
+def _index_range(model: LoadedModel, name: str) -> dict[str, int | None]:
+    """The ids an index input may hold, [index_from, index_limit): a table's rows, counted from its end too where
+    the model does (ONNX); both None for an input that indexes no table."""
+    limit = model.index_limits.get(name)
+    if limit is None:
+        return {"index_limit": None, "index_from": None}
+    return {"index_limit": limit, "index_from": -limit if model.counts_negative_ids else 0}
 
 
 def _versions() -> dict[str, str]:

@@ -54,21 +54,40 @@ def load_exported_program(path: Path, input_shapes: dict[str, list[int]] | None,
     outputs = tuple(str(name) for name in program.graph_signature.user_outputs)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     return LoadedModel(path.stem, None, inputs, outputs, digest, _embedding_sizes(program, inputs), say,
-                       program=program)
+                       program=program, counts_negative_ids=False)
+
+
+_SAME_VALUES = frozenset({"view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "flatten", "permute",
+                          "expand", "clone", "contiguous", "alias", "slice", "select", "to", "_to_copy", "type_as"})
+"""ATen ops whose output holds (some of) their first argument's values, rearranged or cast: token ids reach an
+embedding through them (`ids.view(-1, n)`, `ids.to(torch.int32)`); a cast to a float type is not followed."""
 
 
 def _embedding_sizes(program: Any, inputs: tuple[ModelInput, ...]) -> dict[str, int]:
-    """For each integer input that an embedding looks up (token ids), the number of rows of its table."""
-    integer_inputs = {i.name for i in inputs if i.dtype.startswith(("int", "uint"))}
+    """For each integer input whose values reach an embedding's indices unchanged (directly or through
+    `_SAME_VALUES` ops), the number of rows of its table. The graph lists nodes in dependency order."""
+    source_input = {i.name: i.name for i in inputs if i.dtype.startswith(("int", "uint"))}
     sizes: dict[str, int] = {}
     for node in program.graph.nodes:
-        if node.op != "call_function" or "embedding" not in str(node.target) or len(node.args) < 2:
+        if node.op != "call_function" or not node.args:
             continue
-        table, indices = node.args[0], node.args[1]
-        rows = getattr(table, "meta", {}).get("val")
-        if getattr(indices, "name", None) in integer_inputs and rows is not None and isinstance(rows.shape[0], int):
-            sizes[indices.name] = min(sizes.get(indices.name, rows.shape[0]), rows.shape[0])
+        first = getattr(node.args[0], "name", None)
+        op = str(node.target).split(".")[1] if str(node.target).startswith("aten.") else ""
+        if op in _SAME_VALUES and first in source_input and _holds_integers(node):
+            source_input[node.name] = source_input[first]
+        elif op == "embedding" and len(node.args) >= 2 and getattr(node.args[1], "name", None) in source_input:
+            rows = getattr(node.args[0], "meta", {}).get("val")
+            if rows is not None and isinstance(rows.shape[0], int) and rows.shape[0] >= 1:
+                name = source_input[node.args[1].name]
+                sizes[name] = min(sizes.get(name, rows.shape[0]), rows.shape[0])
     return sizes
+
+
+def _holds_integers(node: Any) -> bool:
+    """Whether the node's result is an integer tensor (as the export traced it): a cast to float is no id."""
+    value = node.meta.get("val")
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and not dtype.is_floating_point and not dtype.is_complex and str(dtype) != "torch.bool"
 
 
 def _refuse_pickled_objects(path: Path) -> None:

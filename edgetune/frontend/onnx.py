@@ -74,20 +74,45 @@ def load_model(
     return LoadedModel(name, proto, inputs, outputs, digest, _index_limits(proto, inputs), say, source=onnx_path)
 
 
+_SAME_VALUES = frozenset({"Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Expand", "Slice",
+                          "Cast"})
+"""Ops whose output holds (some of) their first input's values, rearranged (an integer Cast keeps every value that
+fits): token ids reach an embedding through them (GPT-2's exports reshape the ids, Keras' cast them to int32)."""
+
+_INTEGER_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32,
+                            onnx.TensorProto.INT64, onnx.TensorProto.UINT8, onnx.TensorProto.UINT16,
+                            onnx.TensorProto.UINT32, onnx.TensorProto.UINT64})
+
+
 def _index_limits(proto: onnx.ModelProto, inputs: tuple[ModelInput, ...]) -> dict[str, int]:
-    """For each integer input that a Gather uses as indices into a weight table, the table's length."""
+    """For each integer input whose values reach a Gather's indices into a constant table unchanged (directly
+    or through `_SAME_VALUES` ops), the table's length. ONNX lists nodes in dependency order, so one pass sees
+    every value's source before its users."""
     tables = {t.name: list(t.dims) for t in proto.graph.initializer}
-    integer_inputs = {i.name for i in inputs if i.dtype.startswith(("int", "uint"))}
+    source_input = {i.name: i.name for i in inputs if i.dtype.startswith(("int", "uint"))}
     limits: dict[str, int] = {}
     for node in proto.graph.node:
-        if node.op_type != "Gather" or len(node.input) < 2 or node.input[1] not in integer_inputs:
-            continue
-        dims = tables.get(node.input[0])
-        if not dims:
-            continue
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        limits[node.input[1]] = min(limits.get(node.input[1], dims[axis]), dims[axis])
+        first = node.input[0] if node.input else None
+        if node.op_type == "Constant" and node.output:
+            value = next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)
+            if value is not None:
+                tables[node.output[0]] = list(value.dims)
+        elif node.op_type in _SAME_VALUES and first in source_input and node.output and _keeps_integers(node):
+            source_input[node.output[0]] = source_input[first]
+        elif node.op_type == "Identity" and first in tables and node.output:
+            tables[node.output[0]] = tables[first]
+        elif node.op_type == "Gather" and len(node.input) >= 2 and node.input[1] in source_input and tables.get(first):
+            dims = tables[first]
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            if -len(dims) <= axis < len(dims) and dims[axis] >= 1:
+                name = source_input[node.input[1]]
+                limits[name] = min(limits.get(name, dims[axis]), dims[axis])
     return limits
+
+
+def _keeps_integers(node: onnx.NodeProto) -> bool:
+    """False for a Cast to a type other than an integer one (its values would no longer index)."""
+    return node.op_type != "Cast" or any(a.name == "to" and a.i in _INTEGER_TYPES for a in node.attribute)
 
 
 def _concrete_inputs(

@@ -142,9 +142,11 @@ def _io_spec(context: dict[str, Any], sample_inputs: dict[str, np.ndarray]) -> d
         "cpu_thread_spin_count": context["cpu_thread_spin_count"],
         "rtol": context["rtol"],
         "atol": context["atol"],
-        # index_limit: the rows of the table an integer input indexes (a token embedding), else null
+        # index_limit: the rows of the table an integer input indexes (a token embedding), else null;
+        # index_from: the lowest id the model reads a row for (-index_limit: counted from the end; or 0)
         "inputs": [{"name": i["name"], "shape": [int(d) for d in i["shape"]],
-                    "dtype": str(sample_inputs[i["name"]].dtype), "index_limit": i["index_limit"]}
+                    "dtype": str(sample_inputs[i["name"]].dtype), "index_limit": i["index_limit"],
+                    "index_from": i["index_from"]}
                    for i in context["inputs"]],
         "outputs": [{"name": name} for name in context["output_names"]],
     }
