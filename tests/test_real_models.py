@@ -543,21 +543,15 @@ def test_token_ids_outside_the_embedding_table_are_refused_by_run_py_and_the_dep
             assert f"{token}" in run.stderr and "[-40, 40)" in run.stderr, run.stderr
         assert "'ids'" in runs[0].stderr and "input 0" in runs[1].stderr
     assert "ids into a table of 40 rows" in (artifact / "README.md").read_text()
-    # an edited io.json's table length is refused as such, not run
+    # an edited io.json's table length or lowest id is refused as such, not run
     edited = Path(shutil.copytree(artifact, tmp_path / "edited"))
     spec = json.loads((edited / "io.json").read_text())
-    for hostile in ("40; import os", -1, 0, True):
-        spec["inputs"][0]["index_limit"] = hostile
-        (edited / "io.json").write_text(json.dumps(spec))
+    hostile_edits = [("index_limit", value) for value in ("40; import os", -1, 0, True)] + [
+        ("index_from", value) for value in ("0; import os", 1, -41, True, None)]
+    for field, hostile in hostile_edits:
+        entry = {**spec["inputs"][0], "index_limit": 40, "index_from": -40, field: hostile}
+        (edited / "io.json").write_text(json.dumps({**spec, "inputs": [entry]}))
         refused = subprocess.run([sys.executable, "run.py"], cwd=edited, capture_output=True, text=True, timeout=120,
                                  check=False)
-        assert refused.returncode == 1 and "io.json: index_limit" in refused.stderr, refused.stderr
-        assert "Traceback" not in refused.stderr
-    spec["inputs"][0]["index_limit"] = 40
-    for hostile in ("0; import os", 1, -41, True, None):
-        spec["inputs"][0]["index_from"] = hostile
-        (edited / "io.json").write_text(json.dumps(spec))
-        refused = subprocess.run([sys.executable, "run.py"], cwd=edited, capture_output=True, text=True, timeout=120,
-                                 check=False)
-        assert refused.returncode == 1 and "io.json: index_from" in refused.stderr, refused.stderr
+        assert refused.returncode == 1 and f"io.json: {field}" in refused.stderr, refused.stderr
         assert "Traceback" not in refused.stderr
