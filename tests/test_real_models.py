@@ -122,7 +122,8 @@ def _gather_net(tmp_path: Path, index_nodes: list, index: str, table_nodes: list
 
 def test_ids_that_reach_an_embedding_through_a_reshape_or_an_integer_cast_get_its_table_length(tmp_path) -> None:
     """GPT-2's exports reshape the token ids before the embedding's Gather, Keras' cast them to int32: the ids still
-    index the table, so the artifact must check them. A computed index (ids + 1) or a float cast is not followed."""
+    index the table, so the artifact must check them. A computed index (ids + 1), a float or an unsigned cast is not
+    followed."""
     from onnx import TensorProto, helper, numpy_helper
 
     reshape_cast = [helper.make_node("Reshape", ["ids", "flat"], ["flat_ids"]),
@@ -144,10 +145,11 @@ def test_ids_that_reach_an_embedding_through_a_reshape_or_an_integer_cast_get_it
     for case, (index_nodes, index, table_nodes, table, expected) in cases.items():
         path = _gather_net(tmp_path, index_nodes, index, table_nodes, table)
         assert load_model(zoo=None, onnx_path=path, input_shapes=None).index_limits == expected, case
-    as_float = [helper.make_node("Cast", ["ids"], ["ids_f"], to=TensorProto.FLOAT),
-                helper.make_node("Cast", ["ids_f"], ["ids_back"], to=TensorProto.INT64)]
-    path = _gather_net(tmp_path, as_float, "ids_back", [], "rows")
-    assert load_model(zoo=None, onnx_path=path, input_shapes=None).index_limits == {"ids": 80}
+    for through in (TensorProto.FLOAT, TensorProto.UINT32):  # -1 as uint32 would index far past the table
+        round_trip = [helper.make_node("Cast", ["ids"], ["ids_other"], to=through),
+                      helper.make_node("Cast", ["ids_other"], ["ids_back"], to=TensorProto.INT64)]
+        path = _gather_net(tmp_path, round_trip, "ids_back", [], "rows")
+        assert load_model(zoo=None, onnx_path=path, input_shapes=None).index_limits == {"ids": 80}, through
 
 
 def test_a_symbolic_dimension_without_input_shapes_is_named(corpus, tmp_path) -> None:

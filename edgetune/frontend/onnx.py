@@ -76,12 +76,14 @@ def load_model(
 
 _SAME_VALUES = frozenset({"Identity", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Expand", "Slice",
                           "Cast"})
-"""Ops whose output holds (some of) their first input's values, rearranged (an integer Cast keeps every value that
-fits): token ids reach an embedding through them (GPT-2's exports reshape the ids, Keras' cast them to int32)."""
+"""Ops whose output holds (some of) their first input's values, rearranged (a signed integer Cast keeps every value
+that fits): token ids reach an embedding through them (GPT-2's exports reshape the ids, Keras' cast them to int32)."""
 
-_INTEGER_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32,
-                            onnx.TensorProto.INT64, onnx.TensorProto.UINT8, onnx.TensorProto.UINT16,
-                            onnx.TensorProto.UINT32, onnx.TensorProto.UINT64})
+_SIGNED_INTEGER_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32,
+                                   onnx.TensorProto.INT64})
+"""Casts followed to a Gather. An id in [-N, N) cast to a narrower signed type may wrap, but into the type's range,
+which then lies inside [-N, N) or holds the id unwrapped; a cast to an unsigned type would turn -1 into an index
+far past the table, so it is not followed (no limit is known there, as for any computed index)."""
 
 
 def _index_limits(proto: onnx.ModelProto, inputs: tuple[ModelInput, ...]) -> dict[str, int]:
@@ -111,8 +113,8 @@ def _index_limits(proto: onnx.ModelProto, inputs: tuple[ModelInput, ...]) -> dic
 
 
 def _keeps_integers(node: onnx.NodeProto) -> bool:
-    """False for a Cast to a type other than an integer one (its values would no longer index)."""
-    return node.op_type != "Cast" or any(a.name == "to" and a.i in _INTEGER_TYPES for a in node.attribute)
+    """False for a Cast to a type other than a signed integer one (`_SIGNED_INTEGER_TYPES`)."""
+    return node.op_type != "Cast" or any(a.name == "to" and a.i in _SIGNED_INTEGER_TYPES for a in node.attribute)
 
 
 def _concrete_inputs(
