@@ -54,7 +54,7 @@ def load_exported_program(path: Path, input_shapes: dict[str, list[int]] | None,
     outputs = tuple(str(name) for name in program.graph_signature.user_outputs)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     return LoadedModel(path.stem, None, inputs, outputs, digest, _embedding_sizes(program, inputs), say,
-                       program=program, counts_negative_ids=False)
+                       program=program)
 
 
 _SAME_VALUES = frozenset({"view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "flatten", "permute",

@@ -43,9 +43,12 @@ class LoadedModel:
     """The torch.export program, when the model is one."""
     source: Path | None = field(default=None, compare=False)
     """The ONNX file it was read from (None: built here, a zoo model): ONNX Runtime reads it from there."""
-    counts_negative_ids: bool = True
-    """Whether the imported model counts a negative id from the table's end (ONNX's Gather) or would read before
-    the table (torch's embedding: TVM's take reads any index; PyTorch refuses negative ones)."""
+
+    @property
+    def counts_negative_ids(self) -> bool:
+        """Whether the imported model counts a negative id from the table's end (ONNX's Gather) or would read before
+        the table (a torch.export program's embedding: TVM's take reads any index; PyTorch refuses negative ones)."""
+        return self.program is None
 
     def without_graph(self) -> LoadedModel:
         """The same model without its ONNX graph, once imported: a ResNet-50's weights are 100 MB that a
