@@ -196,6 +196,7 @@ def test_worker_killed_mid_build_loses_no_record_and_the_release_finishes(ray_cl
     build = subprocess.Popen([sys.executable, "-m", "edgetune", "build", *recipes, "--workers", ray_cluster],
                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     worker = _unit_worker(timeout_s=120)
+    assert worker.nice() == os.nice(0)  # at the command's priority, not Ray's niceness 15
     while not list(tmp_path.glob("out/*/records/*/database_workload.json")) and build.poll() is None:
         time.sleep(0.2)  # the store is open: the unit is tuning
     committed = {p.parent: record_lines(p.parent) for p in tmp_path.glob("out/*/records/*/database_workload.json")}
@@ -251,7 +252,9 @@ def test_tuning_split_over_ray_workers_survives_a_killed_shard_worker(ray_cluste
         (tmp_path / "sharded.yaml").write_text(SHARDED_RECIPE.format(tracker=address, key=KEY, trials=TRIALS))
         build = subprocess.Popen([sys.executable, "-m", "edgetune", "build", "sharded.yaml", "--workers", ray_cluster],
                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        os.kill(_shard_worker(build, tmp_path, timeout_s=240).pid, signal.SIGKILL)
+        shard_worker = _shard_worker(build, tmp_path, timeout_s=240)
+        assert shard_worker.nice() == os.nice(0)  # at the command's priority, not Ray's niceness 15
+        os.kill(shard_worker.pid, signal.SIGKILL)
         output, _ = build.communicate(timeout=400)
     finally:
         for server in servers:
