@@ -32,9 +32,9 @@ RETRIES = 2
 """Times a unit whose worker was lost (killed, out of memory, node gone) is run again before it counts as failed."""
 
 _LOCAL = re.compile(r"local:([1-9][0-9]{0,3})")
+_RAY = re.compile(r"ray://[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}")
 _RAY_NICENESS = "RAY_worker_niceness"
 """Ray starts its task workers at niceness 15 unless a task's runtime environment sets this variable."""
-_RAY = re.compile(r"ray://[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}")
 
 
 def _first_line(exc: BaseException) -> str:
