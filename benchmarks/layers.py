@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"plain medians: edgetune {plain['edgetune']:.3f} ms, onnxruntime {plain['onnxruntime']:.3f} ms "
           f"({plain['onnxruntime'] / plain['edgetune']:.3f}x); {args.threads} threads, {args.runs} profiled runs")
     cautions = profile_drift(rows, plain)
-    print("\n".join(cautions) if cautions else "profiled totals within 15% of the plain medians")
+    print("\n".join(cautions) if cautions else f"profiled totals within {PROFILE_DRIFT:.0%} of the plain medians")
     if args.json:
         args.json.write_text(json.dumps({"plain_ms": plain, "rows": rows, "cautions": cautions}, indent=2) + "\n")
     return 0
