@@ -138,10 +138,12 @@ def test_archive_unpacks_to_checked_manifest_and_a_matching_run_script(built, tm
     assert manifest["latency_ms"]["tuned"] == summary["targets"]["host"]["latency_ms"]
     assert len(manifest["tuning"]["tasks"]) == 2
 
-    check = subprocess.run([sys.executable, "run.py", "--check", "--output", "out.npz"], cwd=unpacked,
-                           capture_output=True, text=True, timeout=120)
+    check = subprocess.run([sys.executable, "-X", "importtime", "run.py", "--check", "--output", "out.npz"],
+                           cwd=unpacked, capture_output=True, text=True, timeout=120)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "OK" in check.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in check.stderr.splitlines() if line.startswith("import time:")}
+    assert "tvm" in imported and "torch._C" not in imported  # TVM imports PyTorch when it can: not in run.py
     import numpy as np
 
     with np.load(unpacked / "out.npz") as ours, np.load(unpacked / "reference_output.npz") as reference:
@@ -163,11 +165,13 @@ def test_archive_unpacks_to_checked_manifest_and_a_matching_run_script(built, tm
     (unpacked / "io.json").write_text(json.dumps(spec))
 
     # run.py runs TVM's kernels on the target's cores, whatever TVM itself would guess
-    script = "import runpy; run = runpy.run_path('run.py'); print(run['tvm'].get_global_func('runtime.NumThreads')())"
+    # (imported by another program, run.py leaves PyTorch importable: that program may use it)
+    script = ("import runpy, sys; run = runpy.run_path('run.py'); "
+              "print(run['tvm'].get_global_func('runtime.NumThreads')(), sys.modules.get('torch', 'absent') is None)")
     pool = subprocess.run([sys.executable, "-c", script], cwd=unpacked, capture_output=True, text=True, timeout=120,
                           check=False,
                           env={k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")})
-    assert pool.stdout.strip() == str(manifest["target"]["tvm_target"]["num-cores"]), pool.stderr
+    assert pool.stdout.split() == [str(manifest["target"]["tvm_target"]["num-cores"]), "False"], pool.stderr
 
     # the build timed the model with TVM's threads spinning and sleeping while they wait, and run.py waits as chosen
     wait = manifest["thread_wait"]

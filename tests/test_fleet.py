@@ -21,12 +21,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import run_edgetune as edgetune
 
 from edgetune.errors import BuildError, InputError
 from edgetune.fleet import tracker
 from edgetune.fleet.endpoints import RemoteDevice, override_connection, remote_device
+from edgetune.isolated import TORCH_REFUSED_DIR, environment_without_torch
 from edgetune.recipe import load_recipe, load_recipe_text
 
 SSHD = "/usr/sbin/sshd"
@@ -41,9 +43,12 @@ def free_port() -> int:
 
 
 def start(argv: list[str], log: Path) -> subprocess.Popen:
-    """A process in a session of its own, so the test can stop it with all its children."""
+    """A process in a session of its own, so the test can stop it with all its children; started as `fleet up`
+    starts a tracker or a server, without PyTorch (edgetune.isolated: 3 s instead of 7 for each to come up)."""
+    environment = environment_without_torch(log.parent / TORCH_REFUSED_DIR, os.environ)
     with log.open("ab") as stream:
-        return subprocess.Popen(argv, stdout=stream, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(argv, stdout=stream, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=environment)
 
 
 def kill(process: subprocess.Popen, signum: int = signal.SIGKILL) -> None:
@@ -75,6 +80,12 @@ def start_server(directory: Path, address: str, key: str = KEY) -> subprocess.Po
     return start([sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", address, "--key", key,
                   "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)],
                  directory / f"server-{port}.log")
+
+
+def loaded_pytorch(pid: int) -> bool:
+    """Whether the process or any of its children mapped PyTorch's library."""
+    processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    return any("libtorch" in Path(f"/proc/{process.pid}/maps").read_text() for process in processes)
 
 
 def pid_alive(pid: int) -> bool:
@@ -355,6 +366,9 @@ def test_fleet_up_build_through_a_killed_server_status_and_down(sshd: Sshd, tmp_
         assert "reaching the tracker directly" in up.stdout
         device_pid = int((tmp_path / "device" / f"{KEY}.pid").read_text())
         assert pid_alive(device_pid)
+        tracker_pid = int((tmp_path / "out" / "fleet" / "fleet" / "tracker.pid").read_text())
+        for pid in (device_pid, tracker_pid):  # each, and the TVM pool worker it started, without PyTorch
+            assert not loaded_pytorch(pid) and len(psutil.Process(pid).children(recursive=True)) >= 1
 
         extra = start_server(tmp_path, address)
         assert tracker.wait_for_servers(address, KEY, 2, 90)

@@ -192,7 +192,7 @@ def _unit_worker(timeout_s: float):
 
 @pytest.mark.slow
 def test_worker_killed_mid_build_loses_no_record_and_the_release_finishes(ray_cluster: str, tmp_path: Path) -> None:
-    recipes = write_recipes(tmp_path, TUNED_RECIPE, ["tuned-a", "tuned-b"], trials=TRIALS)
+    recipes = write_recipes(tmp_path, TUNED_RECIPE, ["tuned"], trials=TRIALS)  # two units: one per node
     build = subprocess.Popen([sys.executable, "-m", "edgetune", "build", *recipes, "--workers", ray_cluster],
                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     worker = _unit_worker(timeout_s=120)
@@ -205,7 +205,7 @@ def test_worker_killed_mid_build_loses_no_record_and_the_release_finishes(ray_cl
     output, _ = build.communicate(timeout=400)
     assert build.returncode == 0, output
     stores = sorted(tmp_path.glob("out/*/records/*/"))
-    assert len(stores) == 4
+    assert len(stores) == 2
     for store in stores:  # every store: one task's planned trials, each once
         lines = record_lines(store)
         assert len(lines) == TRIALS == len(set(lines)), store

@@ -171,7 +171,7 @@ def test_guard_sets_a_misleading_sibling_aside():
 
 @pytest.fixture(scope="module")
 def conv_sibling(tmp_path_factory):
-    """A conv2d task and a real sibling: this CPU's records of it, tuned with 24 trials."""
+    """A conv2d task and a real sibling: this CPU's records of it, tuned with 12 trials."""
     import tvm
     from tvm import te, topi
     from tvm.s_tir.analysis import estimate_tir_flops
@@ -185,7 +185,7 @@ def conv_sibling(tmp_path_factory):
     task = TuningTask("conv", mod, 1, float(estimate_tir_flops(mod)))
     profile = load_profile("host")
     sibling = RecordStore(tmp_path_factory.mktemp("sibling"))
-    tune([task], profile.tvm_target(), sibling, _plan(profile, 24, "draft-verify"))
+    tune([task], profile.tvm_target(), sibling, _plan(profile, 12, "draft-verify"))
     return task, profile, sibling
 
 

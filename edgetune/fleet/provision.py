@@ -11,7 +11,6 @@ pid files, and nothing else.
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ import paramiko
 from edgetune.errors import BuildError
 from edgetune.fleet import ssh, tracker, tunnel
 from edgetune.fleet.endpoints import fleet_dir, tracker_address
+from edgetune.isolated import TORCH_REFUSED, TORCH_REFUSED_DIR
 from edgetune.ownership import mark_owned
 from edgetune.profiles import resolve_profile
 from edgetune.recipe import FleetTarget, Recipe, SshSpec
@@ -51,10 +51,15 @@ def tail():
 
 pid = running()
 if arg["op"] == "start" and pid is None:
-    os.makedirs(arg["dir"], exist_ok=True)
+    refusing = os.path.join(arg["dir"], arg["torch_refused_dir"])
+    os.makedirs(os.path.join(refusing, "torch"), exist_ok=True)
+    with open(os.path.join(refusing, "torch", "__init__.py"), "w") as init:
+        init.write(arg["torch_refused"])
+    env = dict(os.environ, **arg["env"])
+    env["PYTHONPATH"] = os.pathsep.join([refusing] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     with open(log_file, "ab") as log:
         pid = subprocess.Popen(arg["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True, cwd=arg["dir"], env=dict(os.environ, **arg["env"])).pid
+                               start_new_session=True, cwd=arg["dir"], env=env).pid
     open(pid_file, "w").write("%d\n" % pid)
     print(json.dumps({"pid": pid, "started": True}))
 elif arg["op"] == "stop":
@@ -74,6 +79,14 @@ elif arg["op"] == "stop":
     print(json.dumps({"pid": pid}))
 else:
     print(json.dumps({"pid": pid, "started": False, "log": tail()}))
+"""
+
+# Runs on the device: its Python's and TVM's versions (TVM imported without PyTorch, which it would import: 2 s)
+_VERSIONS_SCRIPT = r"""
+import platform, sys
+sys.modules.setdefault("torch", None)
+import tvm
+print(platform.python_version(), tvm.__version__)
 """
 
 # Runs on the device: can it reach the tracker, and from which of its addresses?
@@ -112,7 +125,7 @@ def _process(client: paramiko.SSHClient, spec: SshSpec, op: str, argv: list[str]
              env: dict[str, str] | None = None) -> dict:
     """Start, stop or look at the device's server process through its pid file."""
     argument = {"op": op, "dir": spec.workdir, "name": spec.key, "markers": _markers(spec), "argv": argv,
-                "env": env or {}}
+                "env": env or {}, "torch_refused_dir": TORCH_REFUSED_DIR, "torch_refused": TORCH_REFUSED}
     code, out, err = ssh.run_python(client, spec.python, _PROCESS_SCRIPT, argument)
     if code != 0:
         raise BuildError(f"{spec.host}: managing the RPC server failed: {(err or out).strip()[-400:]}")
@@ -133,8 +146,7 @@ def check_device(target: str, client: paramiko.SSHClient, spec: SshSpec, arch: s
     if code != 0 or found != arch:
         raise BuildError(f"target '{target}': {spec.host} is {found or err.strip()!r}, but its profile builds "
                          f"for {arch}")
-    code, out, err = ssh.run(client, f"{shlex.quote(spec.python)} -c "
-                             + shlex.quote("import platform, tvm; print(platform.python_version(), tvm.__version__)"))
+    code, out, err = ssh.run_python(client, spec.python, _VERSIONS_SCRIPT)
     if code != 0:
         raise BuildError(f"target '{target}': {spec.python} on {spec.host} cannot import tvm "
                          f"({(err or out).strip()[-300:]}); install it there: {spec.python} -m pip install "

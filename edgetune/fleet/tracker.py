@@ -7,6 +7,7 @@ and the build's checks when a tracker is down.
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from edgetune.errors import BuildError
 from edgetune.fleet import processes
+from edgetune.isolated import TORCH_REFUSED_DIR, environment_without_torch
 from edgetune.recipe import TrackerSpec
 
 _MARKER = "tvm.exec.rpc_tracker"
@@ -135,7 +137,8 @@ def start(spec: TrackerSpec, fleet_dir: Path, timeout_s: float = 30.0) -> tuple[
         return pid, False
     argv = [sys.executable, "-m", _MARKER, "--host", spec.host, "--port", str(spec.port),
             "--port-end", str(spec.port + 1)]
-    process = processes.start_detached(argv, pid_file(fleet_dir), log_file(fleet_dir))
+    environment = environment_without_torch(fleet_dir / TORCH_REFUSED_DIR, os.environ)
+    process = processes.start_detached(argv, pid_file(fleet_dir), log_file(fleet_dir), environment)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and process.poll() is None:
         try:

@@ -164,8 +164,9 @@ def check_native_outputs_isolated(directory: Path, manifest: Manifest) -> Output
     _, reference = _sample(directory, manifest)
     with tempfile.TemporaryDirectory(prefix="edgetune-verify-") as scratch:
         outputs_path = Path(scratch) / "outputs.npz"
-        command = [sys.executable, "-c", "import sys; from edgetune.package.verify import run_child; "
-                   "run_child(sys.argv[1], sys.argv[2])", str(directory), str(outputs_path)]
+        child_code = ("import sys; from edgetune.isolated import keep_torch_out; keep_torch_out(); "
+                      "from edgetune.package.verify import run_child; run_child(sys.argv[1], sys.argv[2])")
+        command = [sys.executable, "-c", child_code, str(directory), str(outputs_path)]
         try:
             child = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
