@@ -194,3 +194,58 @@ def test_a_budget_too_short_for_the_stages_after_tuning_says_by_how_much_the_bui
     assert (kept, finish_kept) == (100.0, 75.0) and "15 s after" in overrun_warning(90.0, finish_kept, 200.0)
     assert overrun_warning(40.0, 40.0, 600.0) is None
     assert overrun_warning(64.0, 60.0, 120.0) is None  # 4 s over 120: within 5%
+
+
+def test_a_round_sends_its_next_batch_only_if_half_of_it_fits_before_the_deadline() -> None:
+    """A Winograd convolution's last round of a 6-minute build: its first batch of 8 took 15 s, and its second,
+    started with 4 s left, 15 s more. The first batch of a round is sent (no pace yet); each next one only if
+    at least half of it, at the last batch's pace per candidate, ends before the deadline."""
+    from edgetune.tuning.search_strategy.deadline import BatchPace, expected_batch_s
+
+    pace = BatchPace(deadline=140.0, trials_left=24, per_iter=16)
+    assert pace.next_fits(100.0)  # 40 s left
+    pace.sent(100.0, 8)
+    assert pace.next_fits(115.0)  # 8 in 15 s: the next 16 (the round's 24 less 8) take 30 s; half fits in 25
+    pace.sent(115.0, 8)
+    assert pace.next_fits(130.0)  # 8 left to send take 15 s, 10 s left: more than half fits
+    pace.sent(130.0, 8)
+    assert pace.next_fits(150.0)  # the round's trials are all sent: nothing more to cut
+    late = BatchPace(deadline=140.0, trials_left=24, per_iter=16)
+    assert late.next_fits(135.0)  # a round started with 5 s left: its first batch runs
+    late.sent(135.0, 8)
+    assert not late.next_fits(149.0)
+    assert expected_batch_s(15.0, 8, trials_left=4, per_iter=16) == 7.5
+    assert expected_batch_s(15.0, 8, trials_left=40, per_iter=16) == 30.0
+
+
+def test_a_real_round_past_its_deadline_stops_after_its_first_batch(tmp_path: Path) -> None:
+    """Through MetaSchedule's own loop: the round of 24 whose deadline passed during its first batch (8, as
+    draft-verify's rounds start) ends there, and its records are the batch's."""
+    import time
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from edgetune.profiles import load_profile
+    from edgetune.tuning.cost_model.ranking import RankingCostModel
+    from edgetune.tuning.intrinsics import register_tensor_intrinsics
+    from edgetune.tuning.search_strategy.deadline import EndsByDeadline, RoundCut
+    from edgetune.tuning.search_strategy.draft_verify import FIRST_BATCHES, DraftVerifySearch
+    from edgetune.tuning.tune import local_builder_runner
+
+    target, cut = load_profile("host").tvm_target(), RoundCut()
+    register_tensor_intrinsics(target)
+    search = EndsByDeadline(DraftVerifySearch(load_profile("host").hardware, "cpu", population=256, verify=16),
+                            time.monotonic(), cut)
+    context = ms.TuneContext(mod=_task("doubled", 4096, 1).mod, target=target, space_generator="post-order-apply",
+                             search_strategy=search, task_name="doubled", rand_state=3, num_threads=2)
+    builder, runner = local_builder_runner(2, "cpu")
+    database = ms.database.MemoryDatabase()
+    try:
+        ms.tune_tasks(tasks=[context], task_weights=[1.0], work_dir=str(tmp_path), max_trials_global=24,
+                      max_trials_per_task=24, num_trials_per_iter=24, builder=builder, runner=runner,
+                      database=database, cost_model=RankingCostModel(num_threads=2), task_scheduler="round-robin")
+    finally:
+        builder.close()
+        runner.close()
+    assert cut.cut
+    assert 0 < len(database.get_all_tuning_records()) <= FIRST_BATCHES[0]

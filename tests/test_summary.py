@@ -62,7 +62,7 @@ def test_the_scheduler_draws_a_point_per_round_once_every_task_had_one_and_a_fai
     outcomes = [_outcome("conv", 2, None), _outcome("take", 1, None)]
     bests = {0: 10.0, 1: None}
 
-    def measure_round(position: int, trials: int, enough: int) -> None:
+    def measure_round(position: int, trials: int, enough: int, deadline: float | None) -> None:
         outcomes[position].trials_measured += trials
 
     scheduler = TaskScheduler(outcomes, 4, None, time.monotonic(), measure_round, bests.get, lambda: None)

@@ -17,7 +17,7 @@ def _run(tasks: int, budget_s: float, kept_s: float, trials_per_task: int = 8
     rounds_done: list[int] = []
     asked_after: list[int] = []
 
-    def measure_round(position: int, trials: int, enough: int) -> None:
+    def measure_round(position: int, trials: int, enough: int, deadline: float | None) -> None:
         time.sleep(_ROUND_S)
         outcomes[position].trials_measured += trials
         rounds_done.append(position)
@@ -52,7 +52,7 @@ def test_a_first_pass_that_would_not_fit_gives_the_lighter_tasks_short_rounds() 
     outcomes = [TaskOutcome(f"task{i}", 1, 1e6, 0, 0, None) for i in range(10)]
     first_rounds: list[tuple[int, int]] = []
 
-    def measure_round(position: int, trials: int, enough: int) -> None:
+    def measure_round(position: int, trials: int, enough: int, deadline: float | None) -> None:
         time.sleep(0.02 * trials)  # 8 trials: 0.16 s; ten of them would take 80% of the budget
         if outcomes[position].trials_measured == 0:
             first_rounds.append((position, trials))
@@ -82,7 +82,7 @@ def test_under_a_budget_a_task_with_sibling_schedules_measures_just_those_first(
                     TaskOutcome("unseeded", 1, 1e6, 0, 0, None)]
         trials_of_first: list[int] = []
 
-        def measure_round(position: int, trials: int, enough: int) -> None:
+        def measure_round(position: int, trials: int, enough: int, deadline: float | None) -> None:
             if outcomes[position].trials_measured == 0:
                 trials_of_first.append(trials)
             outcomes[position].trials_measured += trials
@@ -104,7 +104,7 @@ def test_a_seed_the_siblings_batch_measured_is_not_asked_for_again() -> None:
                     TaskOutcome("unseeded", 1, 1e6, 0, 0, None)]
         trials_of_first: list[int] = []
 
-        def measure_round(position: int, trials: int, enough: int) -> None:
+        def measure_round(position: int, trials: int, enough: int, deadline: float | None) -> None:
             if outcomes[position].trials_measured <= (position == 0):
                 trials_of_first.append(trials)
             outcomes[position].trials_measured += trials
@@ -133,7 +133,7 @@ def test_under_a_budget_draft_verify_rounds_are_short_so_every_task_gets_another
         outcomes = [TaskOutcome(f"task{i}", 1, 1e6, 0, 0, None) for i in range(4)]
         done: list[tuple[int, int]] = []
 
-        def measure_round(position: int, trials: int, enough: int) -> None:
+        def measure_round(position: int, trials: int, enough: int, deadline: float | None) -> None:
             time.sleep(0.005 * trials)  # a round of 64: 0.32 s
             outcomes[position].trials_measured += trials
             done.append((position, trials))
@@ -147,3 +147,21 @@ def test_under_a_budget_draft_verify_rounds_are_short_so_every_task_gets_another
     assert {trials for _, trials in draft_verify[4:-1]} == {24}  # the last may be cut to what fits
     assert {position for position, _ in draft_verify[4:]} == {0, 1, 2, 3}
     assert rounds("evolutionary")[4][1] == 64
+
+
+def test_a_round_the_deadline_ended_ends_the_tuning_and_is_not_taken_for_a_searched_out_task() -> None:
+    """The deadline cuts a round only when less of the budget is left than half its next batch: a round of
+    another task would overrun it by its first batch, and the task still has schedules to search."""
+    outcomes = [TaskOutcome(f"task{i}", 1, 1e6, 0, 0, None) for i in range(3)]
+    deadlines: list[float | None] = []
+
+    def measure_round(position: int, trials: int, enough: int, deadline: float | None) -> bool:
+        deadlines.append(deadline)
+        outcomes[position].trials_measured += 1  # fewer than asked for: the search stopped sending
+        return position == 1
+
+    started = time.monotonic()
+    TaskScheduler(outcomes, 1000, 100.0, started, measure_round, lambda p: 10.0, lambda: None).run()
+    assert len(deadlines) == 2 and all(d == started + 100.0 for d in deadlines)  # task 1's cut round is the last
+    assert outcomes[1].skipped_for_budget and not outcomes[1].space_exhausted
+    assert outcomes[0].space_exhausted and outcomes[2].skipped_for_budget and outcomes[2].trials_measured == 0

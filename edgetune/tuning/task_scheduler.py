@@ -80,9 +80,11 @@ class TaskOutcome:
         self.trials_since_gain = 0 if best_us < before * (1 - _MIN_GAIN) else self.trials_since_gain + measured
 
 
-RoundFn = Callable[[int, int, int], None]
-"""(position, trials, enough): up to `trials` more measurements of one task, no further search
-iteration once `enough` were sent; a failure is recorded on the task's outcome, not raised."""
+RoundFn = Callable[[int, int, int, "float | None"], bool]
+"""(position, trials, enough, deadline): up to `trials` more measurements of one task, no further search
+iteration once `enough` were sent, nor one that would end more than half past `deadline` (a
+`time.monotonic()` instant, None without a budget); returns whether the deadline ended the round. A failure
+is recorded on the task's outcome, not raised."""
 
 
 @dataclass
@@ -98,6 +100,8 @@ class TaskScheduler:
     after_round: Callable[[], None]  # raises to stop between rounds (a stop request)
     round_trials: int = MAX_TRIALS_PER_ROUND
     """Trials of a round after the first pass (the search's `round_trials_under_budget` under a budget)."""
+    budget_spent: bool = False
+    """A round ended at the deadline with less of the budget left than half its next batch: no round follows."""
     curve: list[tuple[float, float]] = field(default_factory=list)
     """(seconds of tuning, milliseconds per inference of the tuned kernels: weight x best, summed) after each
     round once every task has had a round: the model's latency as the tuning lowered it, without the rest."""
@@ -157,20 +161,24 @@ class TaskScheduler:
         """Up to `trials` more measurements of one task, cut to what fits in the budget."""
         outcome = self.outcomes[position]
         if budget_s is not None:
-            trials = trials_that_fit(trials, outcome, budget_s - (time.monotonic() - self.started))
+            trials = 0 if self.budget_spent else trials_that_fit(trials, outcome,
+                                                                 budget_s - (time.monotonic() - self.started))
             if trials <= 0:
                 outcome.skipped_for_budget = True
                 return
         enough = trials if self.time_budget_s is None else _round_done_at(trials)
         measured_before, round_started = outcome.trials_measured, time.monotonic()
+        deadline = self.started + budget_s if budget_s is not None else None
         try:
-            self.measure_round(position, trials, enough)
+            cut = self.measure_round(position, trials, enough, deadline)
         finally:
             outcome.tuning_s += time.monotonic() - round_started
-        # MetaSchedule ends a task early only when its search has no new candidate: another round
-        # would evolve a population to find none again
+        # MetaSchedule ends a task early only when its search has no new candidate (or the deadline came):
+        # another round would evolve a population to find none again
         round_measured = outcome.trials_measured - measured_before
-        outcome.space_exhausted = outcome.tuning_failed is None and round_measured < enough
+        if cut:
+            outcome.skipped_for_budget = self.budget_spent = True
+        outcome.space_exhausted = not cut and outcome.tuning_failed is None and round_measured < enough
         outcome.finish_round(self.best_us(position), round_measured, time.monotonic() - round_started)
         self._record_curve_point()
         self.after_round()

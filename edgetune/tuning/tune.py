@@ -44,6 +44,7 @@ from edgetune.tuning.intrinsics import register_tensor_intrinsics
 from edgetune.tuning.local_runner import LocalCandidateRunner
 from edgetune.tuning.measurements import FAILED, WatchesTimingNoise, measure_candidate
 from edgetune.tuning.remote import DeviceLost, RetryingRPCRunner
+from edgetune.tuning.search_strategy.deadline import EndsByDeadline, RoundCut
 from edgetune.tuning.search_strategy.draft_verify import SearchCounts, analyzer_best
 from edgetune.tuning.search_strategy.seeded import SeededSearch
 from edgetune.tuning.task_scheduler import MAX_TRIALS_PER_ROUND, TaskOutcome, TaskScheduler, curve_point
@@ -300,18 +301,19 @@ def tune(
                 cost_model.update(first.context, [first.candidate], [first.result])
             result.phases_s["first_fits"] = time.monotonic() - fits_started
 
-        def measure_round(position: int, trials: int, enough: int) -> None:
+        def measure_round(position: int, trials: int, enough: int, deadline: float | None) -> bool:
             task, outcome = tasks[position], result.tasks[position]
             if isinstance(cost_model, TransferCostModel) and not plan.siblings.prior_loaded and (
                     outcome.sibling_seeds or outcome.last_round_s > 0):
                 _load_prior(plan, tasks, target, cost_model, result.transfer, builder.pool)
+            bounds = RoundBounds(trials, enough, deadline)
             try:
-                _tune_one(task, position + 1, len(tasks), trials, enough, target, store, plan, builder, runner,
-                          cost_model, outcome, progress, started, stop, logs_dir or store.directory / "logs",
-                          result.transfer)
+                _tune_one(task, position + 1, len(tasks), bounds, target, store, plan, builder, runner, cost_model,
+                          outcome, progress, started, stop, logs_dir or store.directory / "logs", result.transfer)
             except Exception as exc:  # the stop request comes back through TVM's C++ loop, maybe re-wrapped
                 if not stop.is_set():
                     _task_failed(task, outcome, exc)
+            return bounds.cut.cut
 
         def after_round() -> None:
             if stop.is_set():
@@ -510,9 +512,21 @@ def task_key(task: TuningTask) -> int:
     return tvm_ffi.structural_hash(task.mod)
 
 
-def _tune_one(task, index, total, trials, enough, target, store, plan, builder, runner, cost_model, outcome,
+@dataclass
+class RoundBounds:
+    """A round of one task: up to `trials` measurements, no further search iteration once `enough` were sent,
+    nor one that would end more than half past `deadline` (a `time.monotonic()` instant; then `cut` says so)."""
+
+    trials: int
+    enough: int
+    deadline: float | None
+    cut: RoundCut = field(default_factory=RoundCut)
+
+
+def _tune_one(task, index, total, bounds: RoundBounds, target, store, plan, builder, runner, cost_model, outcome,
               progress, tuning_started, stop, logs_dir, transfer):
-    """Up to `trials` measurements of one task; no further search iteration once `enough` were sent."""
+    """A round of one task within its `bounds`."""
+    trials = bounds.trials
     best = store.best_seconds(task)
 
     def on_batch(measured: int, fastest: float | None, builds_cut: int) -> None:
@@ -527,15 +541,17 @@ def _tune_one(task, index, total, trials, enough, target, store, plan, builder, 
                         fastest, best * 1e6 if best is not None else None)
 
     per_round = min(trials, MAX_TRIALS_PER_ROUND)
-    context = _tuning_context(task, index, target, plan,
-                              _search_strategy(plan, outcome.search, cost_model, transfer, per_round))
+    strategy = _search_strategy(plan, outcome.search, cost_model, transfer, per_round)
+    if bounds.deadline is not None:
+        strategy = EndsByDeadline(strategy, bounds.deadline, bounds.cut)
+    context = _tuning_context(task, index, target, plan, strategy)
     callbacks = list(MeasureCallback.create("default")) + [_ReportProgress(on_batch, stop)]
     _watch_noise(runner, outcome, best)
     ms.tune_tasks(
         tasks=[context],
         task_weights=[float(task.weight)],
         work_dir=str(logs_dir),
-        max_trials_global=enough,  # counts candidates sent: the loop ends once it is reached
+        max_trials_global=bounds.enough,  # counts candidates sent: the loop ends once it is reached
         max_trials_per_task=trials,
         num_trials_per_iter=per_round,
         builder=builder,
