@@ -194,6 +194,9 @@ def test_a_budget_too_short_for_the_stages_after_tuning_says_by_how_much_the_bui
     assert (kept, finish_kept) == (100.0, 75.0) and "15 s after" in overrun_warning(90.0, finish_kept, 200.0)
     assert overrun_warning(40.0, 40.0, 600.0) is None
     assert overrun_warning(64.0, 60.0, 120.0) is None  # 4 s over 120: within 5%
+    nothing_compared = 24.142857142857142  # where finish * kept / finish rounds above kept: the build said "-0 s"
+    kept, finish_kept = split_reserve(0.0, nothing_compared, 600.0)
+    assert finish_kept == kept == nothing_compared
 
 
 def test_a_round_sends_its_next_batch_only_if_half_of_it_fits_before_the_deadline() -> None:

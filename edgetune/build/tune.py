@@ -223,7 +223,7 @@ def split_reserve(compare_s: float, finish_s: float, budget_s: float) -> tuple[f
     inside the model (`compare_s`) and those stages (`finish_s`) take, at most half the budget, shared between
     them in proportion."""
     kept = min(compare_s + finish_s, budget_s / 2)
-    return kept, finish_s * kept / max(compare_s + finish_s, 1e-9)
+    return kept, min(kept, finish_s * kept / max(compare_s + finish_s, 1e-9))  # never more: rounding said "-0 s"
 
 
 def overrun_warning(finish_s: float, finish_kept_s: float, budget_s: float) -> str | None:
