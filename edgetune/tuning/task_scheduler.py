@@ -160,15 +160,14 @@ class TaskScheduler:
     def _round(self, position: int, trials: int, budget_s: float | None) -> None:
         """Up to `trials` more measurements of one task, cut to what fits in the budget."""
         outcome = self.outcomes[position]
-        if budget_s is not None:
-            trials = 0 if self.budget_spent else trials_that_fit(trials, outcome,
-                                                                 budget_s - (time.monotonic() - self.started))
+        deadline = self.started + budget_s if budget_s is not None else None
+        if deadline is not None:
+            trials = 0 if self.budget_spent else trials_that_fit(trials, outcome, deadline - time.monotonic())
             if trials <= 0:
                 outcome.skipped_for_budget = True
                 return
         enough = trials if self.time_budget_s is None else _round_done_at(trials)
         measured_before, round_started = outcome.trials_measured, time.monotonic()
-        deadline = self.started + budget_s if budget_s is not None else None
         try:
             cut = self.measure_round(position, trials, enough, deadline)
         finally:
