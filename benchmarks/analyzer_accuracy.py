@@ -5,8 +5,8 @@
 Every candidate of the record store (a CPU build's) is estimated by the CPU analyzer as draft-verify scores drafts:
 its decisions read into the task's design space (TVM's default spaces, read structurally; candidates of spaces the
 analyzer does not read, and tasks without decisions, are left out). Printed per task: the
-candidates measured, Spearman's rank correlation between estimate and measured time, the first candidate's time
-against the task's best (what the first batch left to the rounds), and the analyzer's blind pairs: candidates it
+candidates measured, Spearman's rank correlation between estimate and measured time (ties ranked alike), the
+first candidate measured (the search's first pick) against the task's best, and the analyzer's blind pairs: candidates it
 estimates within `--tie` of each other that ran more than `--blind-ratio` apart, with the decisions that differ
 in the worst such pair. A blind pair is what no ranking by the analyzer can order: which of the two a batch
 measures is left to the tie-break. Estimates are compared on this machine's host profile.
@@ -25,6 +25,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e  # noqa: F401  (sets the thread counts first)
 
+from edgetune.tuning.cost_model.ranking import rank  # ties share their mean rank
+
 
 @dataclass
 class Candidate:
@@ -41,8 +43,8 @@ class TaskReport:
     def spearman(self) -> float | None:
         if len(self.candidates) < 3:
             return None
-        measured = _ranks([c.measured_us for c in self.candidates])
-        estimated = _ranks([c.estimate_us for c in self.candidates])
+        measured = rank(np.array([c.measured_us for c in self.candidates]))
+        estimated = rank(np.array([c.estimate_us for c in self.candidates]))
         if np.ptp(measured) == 0 or np.ptp(estimated) == 0:
             return None
         return float(np.corrcoef(measured, estimated)[0, 1])
@@ -61,15 +63,8 @@ class TaskReport:
         return pairs
 
 
-def _ranks(values: list[float]) -> np.ndarray:
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(len(values))
-    ranks[order] = np.arange(len(values))
-    return ranks
-
-
 def read_store(store: Path) -> dict[int, TaskReport]:
-    """Each measured candidate of the store, scheduled again and estimated; tasks in the order first measured."""
+    """Each measured candidate of the store estimated from its decisions; tasks in the order first measured."""
     from tvm.s_tir import meta_schedule as ms
 
     from edgetune.profiles import resolve_profile
@@ -130,6 +125,7 @@ def _estimate(models: list, analyzer, trace) -> float | None:
 
 
 def _plain(value):
+    """A decision as plain numbers and lists (TVM hands integers and arrays of them)."""
     if isinstance(value, (int, float, str)):
         return value
     try:
@@ -139,8 +135,8 @@ def _plain(value):
 
 
 def task_names(store: Path, tasks: dict[int, TaskReport]) -> list[str]:
-    """The tasks' names from the store's tuning log (`tuning_log.jsonl`: one line per task and batch, in the
-    order measured, as the records), where its trials per task agree with the records read; else "task N"."""
+    """The tasks' names from the store's tuning log (`tuning_log.jsonl`: one line per task and batch, in the order
+    measured, as the records), where it names as many tasks as were read; else "task N" in the order measured."""
     names: list[str] = []
     try:
         for line in (store / "tuning_log.jsonl").read_text().splitlines():
@@ -180,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tie", type=float, default=0.01, help="relative distance of estimates counted as equal")
     parser.add_argument("--blind-ratio", type=float, default=1.5, help="measured ratio a blind pair exceeds")
     args = parser.parse_args(argv)
+    missing = [name for name in ("database_workload.json", "database_tuning_record.json")
+               if not (args.store / name).is_file()]
+    if missing:
+        parser.error(f"{args.store} is not a record store: no {' or '.join(missing)} in it")
     tasks = read_store(args.store)
     report(tasks, task_names(args.store, tasks), args.tie, args.blind_ratio)
     return 0
