@@ -50,7 +50,8 @@ class TaskReport:
         return float(np.corrcoef(measured, estimated)[0, 1])
 
     def blind_pairs(self, tie: float, ratio: float) -> list[tuple[Candidate, Candidate]]:
-        """(faster, slower) pairs estimated within `tie` (relative) that ran more than `ratio` apart."""
+        """(faster, slower) pairs of different decisions estimated within `tie` (relative) that ran more than `ratio`
+        apart (the same decisions timed twice apart are the machine's noise, not the analyzer's)."""
         pairs = []
         ordered = sorted(self.candidates, key=lambda c: c.estimate_us)
         for i, a in enumerate(ordered):
@@ -58,13 +59,14 @@ class TaskReport:
                 if b.estimate_us > a.estimate_us * (1 + tie):
                     break
                 fast, slow = sorted((a, b), key=lambda c: c.measured_us)
-                if slow.measured_us > ratio * fast.measured_us:
+                if slow.measured_us > ratio * fast.measured_us and fast.decisions != slow.decisions:
                     pairs.append((fast, slow))
         return pairs
 
 
 def read_store(store: Path) -> dict[int, TaskReport]:
-    """Each measured candidate of the store estimated from its decisions; tasks in the order first measured."""
+    """Each measured candidate of the store estimated from its decisions, by task (its workload's index in the
+    store); tasks in the order first measured, each named as the store's tuning log names it (`task_names`)."""
     from tvm.s_tir import meta_schedule as ms
 
     from edgetune.profiles import resolve_profile
@@ -77,12 +79,12 @@ def read_store(store: Path) -> dict[int, TaskReport]:
     analyzer = make_analyzer(profile.hardware, profile.device, profile.isa)
     workloads = [ms.database.Workload.from_json(json.loads(line))
                  for line in (store / "database_workload.json").read_text().splitlines() if line.strip()]
+    lines = [json.loads(line) for line in (store / "database_tuning_record.json").read_text().splitlines()
+             if line.strip()]  # in the order measured
+    names = task_names(store, list(dict.fromkeys(index for index, _ in lines)))
     spaces: dict[int, list] = {}
     tasks: dict[int, TaskReport] = {}
-    for line in (store / "database_tuning_record.json").read_text().splitlines():  # in the order measured
-        if not line.strip():
-            continue
-        index, record_json = json.loads(line)
+    for index, record_json in lines:
         record = ms.database.TuningRecord.from_json(record_json, workloads[index])
         seconds = [float(s) for s in (record.run_secs or [])]
         if not seconds or not np.isfinite(seconds).all() or max(seconds) >= 1e9:  # a failed candidate
@@ -92,7 +94,7 @@ def read_store(store: Path) -> dict[int, TaskReport]:
         estimate = _estimate(spaces[index], analyzer, record.trace)
         if estimate is None:  # a space the analyzer does not read structurally: not drafted by it
             continue
-        task = tasks.setdefault(index, TaskReport(f"task {len(tasks)}"))
+        task = tasks.setdefault(index, TaskReport(names[index]))
         decisions = [_plain(value) for value in record.trace.decisions.values()]
         task.candidates.append(Candidate(float(np.mean(seconds)) * 1e6, estimate * 1e6, decisions))
     return tasks
@@ -134,24 +136,27 @@ def _plain(value):
         return int(value)
 
 
-def task_names(store: Path, tasks: dict[int, TaskReport]) -> list[str]:
-    """The tasks' names from the store's tuning log (`tuning_log.jsonl`: one line per task and batch, in the order
-    measured, as the records), where it names as many tasks as were read; else "task N" in the order measured."""
-    names: list[str] = []
+def task_names(store: Path, order: list[int]) -> dict[int, str]:
+    """Workload index -> task name, from the store's tuning log (`tuning_log.jsonl`: a line per task and batch, in
+    the order measured, as the records: its tasks in order of first appearance are the workloads in `order`, those
+    of the records' first appearance); "task N" by that order where the log names another number of tasks."""
+    logged: list[str] = []
     try:
         for line in (store / "tuning_log.jsonl").read_text().splitlines():
             task = json.loads(line)["task"]
-            if task not in names:
-                names.append(task)
+            if task not in logged:
+                logged.append(task)
     except (OSError, ValueError, KeyError, TypeError):
-        names = []
-    return names if len(names) == len(tasks) else [task.task for task in tasks.values()]
+        logged = []
+    if len(logged) != len(order):
+        logged = [f"task {position}" for position in range(len(order))]
+    return dict(zip(order, logged))
 
 
-def report(tasks: dict[int, TaskReport], names: list[str], tie: float, ratio: float) -> None:
+def report(tasks: dict[int, TaskReport], tie: float, ratio: float) -> None:
     print(f"{'task':<40} {'n':>4} {'spearman':>8} {'first/best':>10} {'best us':>9} {'blind pairs':>11}  worst blind pair")
     blind_total = 0
-    for name, task in zip(names, tasks.values()):
+    for task in tasks.values():
         best = min(c.measured_us for c in task.candidates)
         first = task.candidates[0].measured_us
         rho = task.spearman()
@@ -165,7 +170,7 @@ def report(tasks: dict[int, TaskReport], names: list[str], tie: float, ratio: fl
             described = (f"{fast.measured_us:.0f} vs {slow.measured_us:.0f} us, both estimated "
                          f"{fast.estimate_us:.0f}/{slow.estimate_us:.0f} us; decisions {differ} differ: "
                          + ", ".join(f"{fast.decisions[i]} vs {slow.decisions[i]}" for i in differ[:6]))
-        print(f"{name[:40]:<40} {len(task.candidates):>4} {('-' if rho is None else f'{rho:.2f}'):>8} "
+        print(f"{task.task[:40]:<40} {len(task.candidates):>4} {('-' if rho is None else f'{rho:.2f}'):>8} "
               f"{first / best:>10.2f} {best:>9.1f} {len(pairs):>11}  {described}")
     print(f"blind pairs in all: {blind_total} (estimates within {tie:.0%}, measured more than {ratio:g}x apart)")
 
@@ -180,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                if not (args.store / name).is_file()]
     if missing:
         parser.error(f"{args.store} is not a record store: no {' or '.join(missing)} in it")
-    tasks = read_store(args.store)
-    report(tasks, task_names(args.store, tasks), args.tie, args.blind_ratio)
+    report(read_store(args.store), args.tie, args.blind_ratio)
     return 0
 
 
