@@ -221,13 +221,11 @@ class _ProgressView:
             self.console.print(f"[{event.target}] {event.message}", markup=False)
             return
         p = event.task
-        done = p.index - 1 + (p.trials_done / p.trials_planned if p.trials_planned else 1.0)
+        done = p.tasks_done
         best = f"{p.best_us:.1f} us" if p.best_us is not None else "-"
         detail = f"task {p.index}/{p.total} {p.task}: {p.trials_text}, best {best}"
         if self.progress is None:
-            left = p.elapsed_s / done * (p.total - done) if done > 0 else None
-            if p.budget_s is not None:
-                left = max(0.0, min(left if left is not None else p.budget_s, p.budget_s - p.elapsed_s))
+            left = p.seconds_left()
             estimate = f", ~{left:.0f} s left" if left is not None else ""
             self.console.print(f"[{event.target}] {detail}, {p.elapsed_s:.0f} s{estimate}", markup=False)
             return

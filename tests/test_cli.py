@@ -77,6 +77,20 @@ def test_progress_counts_trials_against_a_trial_count_only_where_the_recipe_gave
     assert budgeted.trials_text == "16 trials" and counted.trials_text == "16/64 trials"
 
 
+def test_a_build_bounded_by_its_budget_alone_says_the_budgets_rest_is_left() -> None:
+    """Without a trial count the budget ends the tuning: a 60-minute build's first pass said "~13 s left" after 58 s
+    (its 14 tasks' pace over 16). With a trial count the tasks' pace estimates the rest, the budget capping it."""
+    from edgetune.tuning.tune import UNBOUNDED_TRIALS, TaskProgress
+
+    first_pass = TaskProgress(14, 16, "mean1", 8, UNBOUNDED_TRIALS, 8.7, 58.0, 3578.0)
+    assert first_pass.seconds_left() == 3520.0
+    assert TaskProgress(14, 16, "mean1", 8, UNBOUNDED_TRIALS, 8.7, 3600.0, 3578.0).seconds_left() == 0.0
+    counted = TaskProgress(2, 4, "conv", 32, 64, 80.0, 30.0, None)  # 1.5 of 4 tasks in 30 s: 50 s more
+    assert counted.tasks_done == 1.5 and counted.seconds_left() == 50.0
+    assert TaskProgress(2, 4, "conv", 32, 64, 80.0, 30.0, 40.0).seconds_left() == 10.0  # the budget caps it
+    assert TaskProgress(1, 4, "conv", 0, 64, None, 0.0, None).seconds_left() is None  # no pace yet
+
+
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed: nothing to keep out")
 def test_commands_without_a_torch_model_import_tvm_but_never_pytorch() -> None:
     """TVM imports PyTorch whenever it can (2 s of every command): only a torch.export recipe needs it."""
