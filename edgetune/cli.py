@@ -229,10 +229,11 @@ class _ProgressView:
             estimate = f", ~{left:.0f} s left" if left is not None else ""
             self.console.print(f"[{event.target}] {detail}, {p.elapsed_s:.0f} s{estimate}", markup=False)
             return
-        if event.target not in self.bars:
-            self.bars[event.target] = self.progress.add_task(escape(f"[{event.target}] tuning"), total=p.total,
-                                                           detail="")
-        self.progress.update(self.bars[event.target], completed=done, detail=escape(detail))
+        if event.target not in self.bars:  # a build bounded by its budget alone fills the bar with the budget's time
+            self.bars[event.target] = self.progress.add_task(
+                escape(f"[{event.target}] tuning"), total=p.budget_s if p.bounded_by_budget else p.total, detail="")
+        completed = p.elapsed_s if p.bounded_by_budget else done
+        self.progress.update(self.bars[event.target], completed=completed, detail=escape(detail))
 
 
 def _ms(value: float | None) -> str:

@@ -91,6 +91,26 @@ def test_a_build_bounded_by_its_budget_alone_says_the_budgets_rest_is_left() -> 
     assert TaskProgress(1, 4, "conv", 0, 64, None, 0.0, None).seconds_left() is None  # no pace yet
 
 
+def test_on_a_terminal_a_build_bounded_by_its_budget_alone_fills_its_bar_with_the_budgets_time() -> None:
+    """The bar's own estimate of what is left extrapolates its fill: filled by tasks, a budget-bound build's bar
+    was nearly full after its first pass. Filled by time, it ends with the budget; with a trial count, by tasks."""
+    import io
+
+    from rich.console import Console
+
+    from edgetune.cli import _ProgressView
+    from edgetune.build.context import Event
+    from edgetune.tuning.tune import UNBOUNDED_TRIALS, TaskProgress
+
+    console = Console(file=io.StringIO(), force_terminal=True)
+    with _ProgressView(console) as view:
+        view(Event("host", "", TaskProgress(14, 16, "mean1", 8, UNBOUNDED_TRIALS, 8.7, 58.0, 3578.0)))
+        view(Event("board", "", TaskProgress(2, 4, "conv", 32, 64, 80.0, 30.0, None)))
+        budgeted, counted = view.progress.tasks
+    assert (budgeted.total, budgeted.completed) == (3578.0, 58.0)
+    assert (counted.total, counted.completed) == (4, 1.5)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed: nothing to keep out")
 def test_commands_without_a_torch_model_import_tvm_but_never_pytorch() -> None:
     """TVM imports PyTorch whenever it can (2 s of every command): only a torch.export recipe needs it."""

@@ -109,6 +109,11 @@ class TaskProgress:
         return f"{self.trials_done}/{self.trials_planned} trials"
 
     @property
+    def bounded_by_budget(self) -> bool:
+        """Only the time budget bounds the trials (no trial count was given): the budget ends the tuning."""
+        return self.budget_s is not None and self.trials_planned >= UNBOUNDED_TRIALS
+
+    @property
     def tasks_done(self) -> float:
         """Tasks tuned so far, this one's done share included (what a progress bar fills)."""
         return self.index - 1 + (self.trials_done / self.trials_planned if self.trials_planned else 1.0)
@@ -119,8 +124,8 @@ class TaskProgress:
 
         The tasks' pace alone told a 60-minute build's first pass "~13 s left" after 58 s, a default build's
         "~205 s left" after 14 s of its 10 minutes: without a trial count no task is ever done before the end."""
-        if self.budget_s is not None and self.trials_planned >= UNBOUNDED_TRIALS:
-            return max(0.0, self.budget_s - self.elapsed_s)
+        if self.bounded_by_budget:
+            return max(0.0, self.budget_s - self.elapsed_s)  # type: ignore[operator]
         done = self.tasks_done
         left = self.elapsed_s / done * (self.total - done) if done > 0 else None
         if self.budget_s is not None:
