@@ -98,8 +98,8 @@ def test_on_a_terminal_a_build_bounded_by_its_budget_alone_fills_its_bar_with_th
 
     from rich.console import Console
 
-    from edgetune.cli import _ProgressView
     from edgetune.build.context import Event
+    from edgetune.cli import _ProgressView
     from edgetune.tuning.tune import UNBOUNDED_TRIALS, TaskProgress
 
     console = Console(file=io.StringIO(), force_terminal=True)
