@@ -124,12 +124,13 @@ class TaskProgress:
 
         The tasks' pace alone told a 60-minute build's first pass "~13 s left" after 58 s, a default build's
         "~205 s left" after 14 s of its 10 minutes: without a trial count no task is ever done before the end."""
-        if self.bounded_by_budget:
-            return max(0.0, self.budget_s - self.elapsed_s)  # type: ignore[operator]
+        budget = self.budget_s
+        if budget is not None and self.bounded_by_budget:
+            return max(0.0, budget - self.elapsed_s)
         done = self.tasks_done
         left = self.elapsed_s / done * (self.total - done) if done > 0 else None
-        if self.budget_s is not None:
-            left = max(0.0, min(left if left is not None else self.budget_s, self.budget_s - self.elapsed_s))
+        if budget is not None:
+            left = max(0.0, min(left if left is not None else budget, budget - self.elapsed_s))
         return left
 
 
