@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e  # noqa: F401  (sets the thread counts first)
 
 from edgetune.tuning.cost_model.ranking import rank  # ties share their mean rank
+from edgetune.tuning.measurements import FAILED, mean_seconds
 
 
 @dataclass
@@ -86,8 +87,8 @@ def read_store(store: Path) -> dict[int, TaskReport]:
     tasks: dict[int, TaskReport] = {}
     for index, record_json in lines:
         record = ms.database.TuningRecord.from_json(record_json, workloads[index])
-        seconds = [float(s) for s in (record.run_secs or [])]
-        if not seconds or not np.isfinite(seconds).all() or max(seconds) >= 1e9:  # a failed candidate
+        seconds = mean_seconds(record.run_secs)
+        if seconds == FAILED:
             continue
         if index not in spaces:
             spaces[index] = _space_models(record.workload.mod, target)
@@ -96,7 +97,7 @@ def read_store(store: Path) -> dict[int, TaskReport]:
             continue
         task = tasks.setdefault(index, TaskReport(names[index]))
         decisions = [_plain(value) for value in record.trace.decisions.values()]
-        task.candidates.append(Candidate(float(np.mean(seconds)) * 1e6, estimate * 1e6, decisions))
+        task.candidates.append(Candidate(seconds * 1e6, estimate * 1e6, decisions))
     return tasks
 
 
