@@ -6,7 +6,9 @@ Every candidate of the record store (a CPU build's) is estimated by the CPU anal
 its decisions read into the task's design space (TVM's default spaces, read structurally; candidates of spaces the
 analyzer does not read, and tasks without decisions, are left out). Printed per task: the
 candidates measured, Spearman's rank correlation between estimate and measured time (ties ranked alike), the
-first candidate measured (the search's first pick) against the task's best, and the analyzer's blind pairs: candidates it
+first candidate measured (the search's first pick) against the task's best, the mean of the candidates in the analyzer's
+best tie bucket (as draft-verify buckets estimates: what a pick by the analyzer alone gets on average) against the
+task's best, and the analyzer's blind pairs: candidates it
 estimates within `--tie` of each other that ran more than `--blind-ratio` apart, with the decisions that differ
 in the worst such pair. A blind pair is what no ranking by the analyzer can order: which of the two a batch
 measures is left to the tie-break. Estimates are compared on this machine's host profile.
@@ -27,6 +29,7 @@ import e2e  # noqa: F401  (sets the thread counts first)
 
 from edgetune.tuning.cost_model.ranking import rank  # ties share their mean rank
 from edgetune.tuning.measurements import FAILED, mean_seconds
+from edgetune.tuning.search_strategy.draft_verify import ANALYZER_RESOLUTION, log_latency
 
 
 @dataclass
@@ -49,6 +52,13 @@ class TaskReport:
         if np.ptp(measured) == 0 or np.ptp(estimated) == 0:
             return None
         return float(np.corrcoef(measured, estimated)[0, 1])
+
+    def top_bucket(self) -> float:
+        """Mean measured time, over the task's best, of the candidates in the analyzer's best tie bucket: what a
+        pick by the analyzer alone gets on average, as draft-verify buckets estimates (the tie-break decides there)."""
+        buckets = np.floor(log_latency([c.estimate_us * 1e-6 for c in self.candidates]) / np.log1p(ANALYZER_RESOLUTION))
+        top = [c.measured_us for c, bucket in zip(self.candidates, buckets) if bucket == buckets.min()]
+        return float(np.mean(top)) / min(c.measured_us for c in self.candidates)
 
     def blind_pairs(self, tie: float, ratio: float) -> list[tuple[Candidate, Candidate]]:
         """(faster, slower) pairs of different decisions estimated within `tie` (relative) that ran more than `ratio`
@@ -155,7 +165,8 @@ def task_names(store: Path, order: list[int]) -> dict[int, str]:
 
 
 def report(tasks: dict[int, TaskReport], tie: float, ratio: float) -> None:
-    print(f"{'task':<40} {'n':>4} {'spearman':>8} {'first/best':>10} {'best us':>9} {'blind pairs':>11}  worst blind pair")
+    print(f"{'task':<40} {'n':>4} {'spearman':>8} {'first/best':>10} {'top/best':>8} {'best us':>9} {'blind pairs':>11}  "
+          "worst blind pair")
     blind_total = 0
     for task in tasks.values():
         best = min(c.measured_us for c in task.candidates)
@@ -172,7 +183,7 @@ def report(tasks: dict[int, TaskReport], tie: float, ratio: float) -> None:
                          f"{fast.estimate_us:.0f}/{slow.estimate_us:.0f} us; decisions {differ} differ: "
                          + ", ".join(f"{fast.decisions[i]} vs {slow.decisions[i]}" for i in differ[:6]))
         print(f"{task.task[:40]:<40} {len(task.candidates):>4} {('-' if rho is None else f'{rho:.2f}'):>8} "
-              f"{first / best:>10.2f} {best:>9.1f} {len(pairs):>11}  {described}")
+              f"{first / best:>10.2f} {task.top_bucket():>8.2f} {best:>9.1f} {len(pairs):>11}  {described}")
     print(f"blind pairs in all: {blind_total} (estimates within {tie:.0%}, measured more than {ratio:g}x apart)")
 
 
