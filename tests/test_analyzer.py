@@ -20,7 +20,6 @@ from edgetune.tuning.analyzer import (
     make_analyzer,
     nests_from_func,
 )
-from edgetune.tuning.analyzer.tir import leaf_blocks
 from edgetune.tuning.intrinsics import register_tensor_intrinsics
 
 
@@ -150,71 +149,6 @@ def test_winograd_spaces_are_read_and_agree_with_the_tir_walk():
     ctx = context(mod, "host")
     for seed, space in enumerate(ctx.space_generator.generate_design_space(mod)):
         assert drafted_against_walked(mod, ctx, space, seed) > 0.9
-
-
-def test_a_constant_matrix_costs_its_selects_until_its_loops_are_unrolled():
-    """Winograd's transform matrices are chains of selects over their indices: evaluated per iteration as
-    written, folded to constants (a zero entry taking its product and sum with it) where those loops unroll.
-    A select on loaded data (padding) never folds."""
-    from edgetune.frontend.winograd import _Matrix, transform_matrices
-    from edgetune.tuning.analyzer.tir import block_info
-
-    b = transform_matrices(4)[1]
-    data = te.placeholder((6, 6, 32), name="data")
-    r_a, r_b = te.reduce_axis((0, 6), name="r_a"), te.reduce_axis((0, 6), name="r_b")
-    matrix = _Matrix(b, "float32")
-    pack = te.compute((6, 6, 32), lambda e, n, c: te.sum(data[r_a, r_b, c] * matrix[r_a, e] * matrix[r_b, n],
-                                                         axis=[r_a, r_b]), name="pack")
-    padded = te.compute((8, 8, 32), lambda h, w, c: tvm.tirx.if_then_else(
-        tvm.tirx.all(h >= 1, h < 7, w >= 1, w < 7), data[h - 1, w - 1, c], 0.0), name="padded")
-    func = te.create_prim_func([data, pack, padded])
-    blocks = {info.name: info for info in (block_info(realize.block) for realize, _ in leaf_blocks(func))}
-
-    nonzero = np.count_nonzero(b) / b.size
-    pack_info = blocks["pack"]
-    assert pack_info.ops > 100  # two chains of a select and its comparisons per nonzero entry
-    assert pack_info.folded_ops == pytest.approx(2 * nonzero**2)  # a multiply and a multiply-add, where both entries are nonzero
-    assert [name for name, fold in zip(pack_info.axis_names, pack_info.fold_axes) if fold] == ["v_e", "v_n", "v_r_a", "v_r_b"]
-    assert blocks["padded"].folded_ops == blocks["padded"].ops and not blocks["padded"].fold_axes.any()
-
-
-def test_a_winograd_kernel_is_estimated_by_its_gemm_not_its_transforms():
-    """The data and inverse transforms run unrolled (constant matrices folded) and in vector registers (LLVM
-    vectorizes the channel loop around the unrolled body: a tuned ResNet-18 Winograd kernel's multiply-adds were
-    all zmm instructions), so they cost less than the batched GEMM; before, their select chains were estimated
-    at seconds, every draft of the kernel tied within draft-verify's resolution, and the tie-break chose."""
-    mod = winograd_conv2d(channels=128, size=28)
-    ctx = context(mod, "host")
-    analyzer = CpuAnalyzer(load_profile("host").hardware)
-    for seed, space in enumerate(ctx.space_generator.generate_design_space(mod)):
-        model = SpaceModel.analyze(mod, space)
-        rows = model.sample(np.random.default_rng(seed), 32)
-        by_statement = {nest.name: analyzer.statement_latency(nest) for nest in model.nests(rows)}
-        transforms = by_statement["data_pack"] + by_statement["inverse"]
-        assert np.median(transforms) < np.median(by_statement["bgemm"])
-        total = analyzer.latency(model.nests(rows))
-        assert total.max() > 2 * total.min()
-
-
-def test_unrolled_rows_of_a_register_tile_are_independent_accumulators():
-    """A register tile's rows, unrolled around the unrolled reduction, are separate multiply-add chains that
-    overlap (a microkernel); the same loops left rolled chain every multiply-add of a row behind the last."""
-    n = 256
-
-    def tile(unrolled: bool) -> tvm.IRModule:
-        sch = Schedule(matmul(n))
-        i, j, k = sch.get_loops(sch.get_sblock("C"))
-        i0, i1 = sch.split(i, [n // 4, 4])
-        j0, j1 = sch.split(j, [n // 16, 16])
-        k0, k1 = sch.split(k, [n // 4, 4])
-        sch.reorder(i0, j0, k0, i1, k1, j1)
-        sch.vectorize(j1)
-        if unrolled:
-            sch.unroll(i1)
-            sch.unroll(k1)
-        return sch.mod
-
-    assert cpu_latency(tile(unrolled=True)) * 2 < cpu_latency(tile(unrolled=False))
 
 
 def test_gpu_space_validity_matches_verify_gpu_code():

@@ -23,7 +23,6 @@ Zen 3 (Spearman 0.62 and 0.75 between estimate and measurement).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,9 +112,6 @@ class CpuAnalyzer:
         n = nest.size
         geo = geometry(nest)
         iterations = geo.count[:, -1]
-        unrolled = _unrolled(nest)
-        auto = _auto_vectorized(nest, unrolled)
-        nest = dataclasses.replace(nest, vector=nest.vector | auto)
 
         parallel = grouped_extent(nest, nest.parallel)
         speedup = parallel / np.ceil(parallel / m.cores)
@@ -123,20 +119,19 @@ class CpuAnalyzer:
 
         width = grouped_extent(nest, nest.vector)
         lanes = m.lanes * 4.0 / float(nest.elem_bytes[nest.writes].max() if nest.writes.any() else 4.0)
-        width = np.where(auto.any(axis=1), np.minimum(width, lanes), width)  # LLVM loops over the rest
         per_instruction = np.where(width > 1, width / np.ceil(width / lanes), 1.0)
 
-        ops = _ops(nest, unrolled)
-        accumulators = _accumulators(nest, per_instruction, unrolled, auto)
+        unrolled = _unrolled(nest)
+        accumulators = _accumulators(nest, per_instruction)
         chains = np.maximum(accumulators, OOO_WINDOW_FMAS / _reduction_run(nest))
         ilp = np.minimum(1.0, chains / (FMA_LATENCY_CYCLES * m.pipes))
         usable = m.registers - OPERAND_REGISTERS
         spill = 1.0 + SPILL_WEIGHT * np.maximum(0.0, np.where(np.isfinite(accumulators), accumulators, 0) - usable) / usable
         vectors = np.where(width > 1, np.ceil(width / lanes), 1.0)
         steps = np.prod(np.where(unrolled & ~nest.vector, nest.ext, 1.0), axis=1)
-        body = steps * (ops + len(nest.accesses)) * vectors
+        body = steps * (nest.ops + len(nest.accesses)) * vectors
         frontend = 1.0 + CODE_WEIGHT * np.maximum(0.0, body - CODE_LIMIT_INSTRUCTIONS) / CODE_LIMIT_INSTRUCTIONS
-        instructions = iterations * ops / per_instruction
+        instructions = iterations * nest.ops / per_instruction
         plain = ~(unrolled | nest.vector)
         overhead = np.sum(np.where(plain, geo.count[:, 1:], 0.0), axis=1) * LOOP_OVERHEAD_CYCLES
         compute_s = (instructions * spill * frontend / (m.pipes * ilp) + overhead) / speedup / m.clock_hz
@@ -179,47 +174,8 @@ class CpuAnalyzer:
         return cycles / (m.clock_hz * speedup)
 
 
-def _auto_vectorized(nest: Nest, unrolled: np.ndarray) -> np.ndarray:
-    """[N, L] the loop LLVM's loop vectorizer takes around an explicitly unrolled body where the schedule
-    vectorized none: the innermost loop left, spatial and serial, along which every access is contiguous or
-    invariant.
-
-    Winograd's transforms are such: their matrix loops unrolled explicitly, the channel loop around them runs
-    in vector registers although no schedule vectorized it (all of a tuned ResNet-18 Winograd kernel's
-    multiply-adds were zmm instructions). Elsewhere (an auto-unrolled reduction innermost, say) the estimates
-    ranked measured candidates worse with it than without, so it is left to explicit unrolls.
-    """
-    n, loops = nest.ext.shape
-    if nest.explicit_unroll is None or not nest.explicit_unroll.any():
-        return np.zeros((n, loops), dtype=bool)
-    left = ~unrolled & (nest.ext > 1)
-    candidate = np.where(left.any(axis=1), loops - 1 - np.argmax(left[:, ::-1], axis=1), -1)
-    rows = np.arange(n)
-    pick = np.clip(candidate, 0, max(loops - 1, 0))
-    coef = nest.coef[rows, :, :, pick] if loops else np.zeros((n, len(nest.accesses), 1))  # [N, A, D]
-    last = np.array([len(a.shape) - 1 for a in nest.accesses])
-    innermost = np.arange(coef.shape[2])[None, :] == last[:, None]  # [A, D]
-    contiguous = np.all(np.where(innermost[None], coef <= 1, coef == 0), axis=(1, 2))
-    serial = ~nest.parallel[rows, pick] & (nest.thread[pick] == 0) & ~nest.reduce[pick]
-    takes = (candidate >= 0) & ~nest.vector.any(axis=1) & contiguous & serial
-    result = np.zeros((n, loops), dtype=bool)
-    result[rows[takes], pick[takes]] = True
-    return result
-
-
-def _ops(nest: Nest, unrolled: np.ndarray) -> np.ndarray:
-    """[N] arithmetic per iteration (at least one): constant selects fold where every loop their indices walk is
-    unrolled."""
-    if nest.folded_ops is None or nest.fold_loops is None or not nest.fold_loops.any():
-        return np.maximum(nest.ops, 1.0)
-    folds = np.all(unrolled[:, nest.fold_loops] | (nest.ext[:, nest.fold_loops] == 1), axis=1)
-    return np.maximum(np.where(folds, nest.folded_ops, nest.ops), 1.0)
-
-
-def _accumulators(nest: Nest, per_instruction: np.ndarray, unrolled: np.ndarray, auto: np.ndarray) -> np.ndarray:
-    """[N] independent accumulators (vector registers) inside the innermost reduction loop, times the
-    spatial loops around it whose copies the unrolled straight-line code holds side by side (a loop LLVM
-    vectorizes itself, `auto`, is one vector per copy: it loops over the rest).
+def _accumulators(nest: Nest, per_instruction: np.ndarray) -> np.ndarray:
+    """[N] independent accumulators (vector registers) inside the innermost reduction loop.
 
     inf when the statement does not reduce: nothing then chains one instruction to the next.
     """
@@ -229,12 +185,7 @@ def _accumulators(nest: Nest, per_instruction: np.ndarray, unrolled: np.ndarray,
     inner = np.arange(nest.ext.shape[1]) > reduce.max()
     elements = np.prod(np.where(inner[None, :], nest.ext, 1.0), axis=1)
     vectorized_inside = (nest.vector & inner[None, :]).any(axis=1)
-    straight = unrolled | nest.vector | (nest.ext == 1)
-    tail = np.cumprod(straight[:, ::-1], axis=1)[:, ::-1].astype(bool)  # loops l.. all straight-line
-    beside = tail & ~nest.reduce[None, :] & ~inner[None, :] & ~auto
-    copies = np.prod(np.where(beside & ~nest.vector, nest.ext, 1.0), axis=1)
-    copies *= np.where((beside & nest.vector).any(axis=1), grouped_extent(nest, beside & nest.vector) / per_instruction, 1.0)
-    return np.where(vectorized_inside, elements / per_instruction, elements) * copies
+    return np.where(vectorized_inside, elements / per_instruction, elements)
 
 
 def _reduction_run(nest: Nest) -> np.ndarray:
@@ -253,7 +204,7 @@ def _reduction_run(nest: Nest) -> np.ndarray:
 
 
 def _unrolled(nest: Nest) -> np.ndarray:
-    """[N, L] loops unrolled: explicitly, and by the auto-unroll pragma (innermost loops within max steps in total)."""
+    """[N, L] loops the auto-unroll pragma unrolls: innermost loops within max steps in total."""
     n, loops = nest.ext.shape
     result = np.zeros((n, loops), dtype=bool)
     steps = np.ones(n)
@@ -262,6 +213,4 @@ def _unrolled(nest: Nest) -> np.ndarray:
         steps = np.where(nest.vector[:, l], steps, steps * nest.ext[:, l])
         going &= steps <= nest.unroll
         result[:, l] = going
-    if nest.explicit_unroll is not None:
-        result |= nest.explicit_unroll[None, :]
     return result

@@ -106,7 +106,7 @@ class GpuAnalyzer:
         ilp = _chains(nest) * _extent(nest, VTHREAD)
         warps_per_scheduler = kernel.warps_per_sm / SCHEDULERS_PER_SM
         hiding = np.minimum(1.0, warps_per_scheduler * np.minimum(ilp, 8.0) / FMA_LATENCY_CYCLES)
-        compute = iterations * np.maximum(nest.ops, 1.0) * kernel.spill / (m.fma_per_s * sm_fill * warp_fill * hiding)
+        compute = iterations * nest.ops * kernel.spill / (m.fma_per_s * sm_fill * warp_fill * hiding)
 
         access_bytes = nest.elem_bytes
         is_global = np.array([a.scope == "global" for a in nest.accesses])

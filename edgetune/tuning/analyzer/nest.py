@@ -55,9 +55,6 @@ class Nest:
     own_start: int = 0  # first loop that is the statement's own (earlier ones belong to its anchor)
     versions: int = 1  # GPU shared-buffer copies kept in flight by software pipelining
     thread_bounds: tuple[int, int] = (1, 1 << 30)  # GPU threads per block the schedule requires
-    explicit_unroll: np.ndarray | None = None  # [L] bool: loops the schedule unrolls itself (Winograd's transforms)
-    folded_ops: np.ndarray | None = None  # [N] ops once the body's index-only selects fold to constants
-    fold_loops: np.ndarray | None = None  # [L] bool: loops those selects' indices walk; all unrolled, they fold
 
     @property
     def size(self) -> int:

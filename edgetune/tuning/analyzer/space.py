@@ -46,8 +46,8 @@ INLINE, ROOT = -2, -1
 _THREADS = {"blockIdx": BLOCK_IDX, "vthread": VTHREAD, "threadIdx": THREAD_IDX}
 _PASSIVE = {"GetSBlock", "GetChildBlocks", "GetConsumers", "GetProducers", "Reorder", "ComputeInline",
             "ReverseComputeInline", "Unroll", "Unannotate"}
-"""Instructions that change nothing the analysis tracks (the final TIR shows their effect: an explicit
-`Unroll`, Winograd's transform loops, is read from the loops' kind)."""
+"""Instructions that change nothing the analysis tracks (the final TIR shows their effect). An explicit
+`Unroll` (Winograd's transform loops) is modelled as a plain loop, as the TIR walk reads it too."""
 _MAX_TILINGS = 60_000
 TVM_ERRORS = (RuntimeError, ValueError, TypeError, IndexError)
 """What TVM's FFI raises for schedule errors and dead random variables."""
@@ -282,7 +282,6 @@ class _Anchor:
     info: BlockInfo
     loops: list[LoopSym]  # physical loops, outer to inner
     thread_bounds: tuple[int, int] = (1, 1 << 30)
-    unrolled: tuple[bool, ...] = ()  # physical loops the schedule unrolls explicitly
 
     def __post_init__(self) -> None:
         self.v_axis = np.array([c.axis for loop in self.loops for c in loop.comps], dtype=int)
@@ -290,7 +289,6 @@ class _Anchor:
         self.v_stride = [c.stride for loop in self.loops for c in loop.comps]
         self.group = np.array([g for g, loop in enumerate(self.loops) for _ in loop.comps], dtype=int)
         self.thread = np.array([loop.thread for loop in self.loops for _ in loop.comps], dtype=int)
-        self.explicit_unroll = np.array([bool(self.unrolled) and self.unrolled[g] for g in self.group], dtype=bool)
         self.reduce = self.info.axis_reduce[self.v_axis]
         self.phys_reduce = np.array([bool(self.info.axis_reduce[[c.axis for c in lp.comps]].any())
                                      for lp in self.loops])
@@ -500,21 +498,16 @@ class SpaceModel:
                 coop_lanes=np.zeros(n),
                 team=np.ones(n),
                 thread_bounds=anchor.thread_bounds,
-                explicit_unroll=anchor.explicit_unroll,
-                folded_ops=anchor.info.folded_ops + extra_ops[k],
-                fold_loops=anchor.info.fold_axes[anchor.v_axis],
             )
             nest.vector = _vector_loops(nest, stops, vec)
             nests.append(nest)
         for att, pos in zip(self.attached, positions):
             nests.append(self._attached_nest(att, pos, anchor_arrays[att.anchor], anchor_par[att.anchor],
                                              values, n, par, vec, unroll))
-        hosts = {len(self.anchors) + a: att.anchor for a, att in enumerate(self.attached)}
         for rooted in self.rooted:
             nest = _rooted_nest(rooted, n, par, vec, unroll)
             if rooted.slot is not None:
                 nest.active = values[rooted.slot][:, 0] != INLINE
-                _charge_readers(nests, hosts, rooted.info, ~nest.active)
             nests.append(nest)
         return nests
 
@@ -563,7 +556,6 @@ class SpaceModel:
             team=np.prod(np.where((anchor.thread == THREAD_IDX) & relaxed, ext_a, 1.0), axis=1),
             own_start=ext_a.shape[1],
             versions=att.versions,
-            explicit_unroll=np.concatenate([anchor.explicit_unroll, np.zeros(len(info.axis_names), dtype=bool)]),
         )
         nest.vector = _vector_loops(nest, [pos], vec, first_own=ext_a.shape[1])
         return nest
@@ -665,26 +657,6 @@ def _contiguous_loops(nest: Nest) -> np.ndarray:
     return best
 
 
-def _charge_readers(nests: list[Nest], hosts: dict[int, int], inlined_block: BlockInfo, inlined: np.ndarray) -> None:
-    """Where a block is inlined ([N] `inlined`), the statements reading what it wrote compute it per read (the
-    padding's conditions in Winograd's tile gathering, as the built program has them); where such a reader is
-    itself inlined into its anchor (`hosts`: attached nest -> anchor nest), the anchor computes both."""
-    written = {access.buffer for access in inlined_block.accesses if access.write}
-    for index, nest in enumerate(nests):
-        reads = sum(1 for access in nest.accesses if access.buffer in written and not access.write)
-        if not reads:
-            continue
-        extra = np.where(inlined, reads * inlined_block.ops, 0.0)
-        extra_folded = np.where(inlined, reads * inlined_block.folded_ops, 0.0)
-        targets = [(nest, np.ones_like(inlined))]
-        if index in hosts:
-            targets.append((nests[hosts[index]], ~nest.active))
-        for target, where in targets:
-            target.ops = target.ops + np.where(where, extra, 0.0)
-            if target.folded_ops is not None:
-                target.folded_ops = target.folded_ops + np.where(where, extra_folded, 0.0)
-
-
 def _rooted_nest(rooted: _Rooted, n: int, par, vec, unroll) -> Nest:
     info = rooted.info
     ext = np.broadcast_to(rooted.loop_ext[None, :], (n, len(rooted.loop_ext))).copy()
@@ -709,8 +681,6 @@ def _rooted_nest(rooted: _Rooted, n: int, par, vec, unroll) -> Nest:
         thread=np.zeros(loops, dtype=int),
         coop_lanes=np.zeros(n),
         team=np.ones(n),
-        folded_ops=np.full(n, info.folded_ops),
-        fold_loops=info.fold_axes[rooted.loop_axis],
     )
     nest.vector = _vector_loops(nest, [], vec)
     return nest
@@ -917,8 +887,7 @@ class _Analysis:
                 anchor_of[name] = len(anchors)
                 anchor_loops[name] = loops
                 bounds = self.thread_bounds.get(name, (1, 1 << 30))
-                unrolled = tuple(f.kind == tirx.ForKind.UNROLLED for f in loops)
-                anchors.append(_Anchor(infos[name], syms, bounds, unrolled))  # type: ignore[arg-type]
+                anchors.append(_Anchor(infos[name], syms, bounds))  # type: ignore[arg-type]
             else:
                 pending.append((realize, loops))
         attached: list[_Attached] = []

@@ -11,7 +11,7 @@ understand. It is slower (a TIR walk per candidate) and its index coefficients f
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +22,6 @@ from edgetune.tuning.analyzer.nest import BLOCK_IDX, SERIAL, THREAD_IDX, VTHREAD
 
 _BINARY_OPS = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.FloorDiv, tirx.FloorMod, tirx.Max, tirx.Min)
 _COMPARISONS = (tirx.LT, tirx.LE, tirx.GT, tirx.GE, tirx.EQ, tirx.NE, tirx.And, tirx.Or)
-_INDEX_COMPARISONS = (tirx.LT, tirx.LE, tirx.GT, tirx.GE, tirx.EQ, tirx.NE)
 _CALL_COST = 4.0
 """Instructions charged for an intrinsic call (exp, sqrt, ...): a few, as LLVM expands them."""
 
@@ -42,8 +41,7 @@ class BlockInfo:
     offset: np.ndarray  # [A, D] constant part of each index
     base: np.ndarray  # [A, D] region extent of one iteration
     ops: float
-    folded_ops: float  # ops once the index-only selects fold (`count_ops`)
-    fold_axes: np.ndarray  # [X] bool: the iter vars those selects read; folding needs their loops unrolled
+    branch: bool
 
 
 def dims_of(accesses: Sequence[Access]) -> int:
@@ -109,41 +107,57 @@ def _children(e) -> list:
     return []
 
 
-@dataclass(frozen=True)
-class OpCount:
-    """A block body's arithmetic per execution, as written and once its constant selects fold."""
-
-    ops: float
-    folded_ops: float  # with every index-only select folded to a constant (its loops unrolled)
-    fold_vars: frozenset  # the variables those selects' conditions read
-
-
-def count_ops(stmt, extents: Mapping | None = None) -> OpCount:
-    """Arithmetic instructions per execution of a block body (none for a copy: the analyzers charge a statement
-    at least one; a copy inlined into its reader adds nothing there).
+def count_ops(stmt) -> tuple[float, bool]:
+    """(arithmetic instructions per execution, has a data-dependent select) of a block body.
 
     A multiply feeding an add is one fused multiply-add; loads and their index arithmetic cost
     nothing here (the memory model charges loads; addresses are strength-reduced); comparisons
-    of padding conditions count like arithmetic. A select that reads no buffer (a constant matrix
-    written as a chain of selects over its indices, as Winograd's transforms are) is evaluated per
-    iteration unless the loops of the variables it reads are unrolled: then each copy of the body
-    sees constant indices, the chain folds to a constant, and a product with a zero entry folds
-    away with the sum it feeds (`folded_ops`, given the iter vars' `extents`; `fold_vars`).
+    of padding conditions count like arithmetic.
     """
-    ops = folded = 0.0
-    fold_vars: set = set()
+    total = 0.0
+    branch = False
+
+    def expr(e, fused: bool = False) -> None:
+        nonlocal total, branch
+        if isinstance(e, (tirx.Add, tirx.Sub)):
+            total += 1
+            for side in (e.a, e.b):
+                expr(side, fused=isinstance(side, tirx.Mul))
+        elif isinstance(e, tirx.Mul):
+            total += 0 if fused else 1
+            expr(e.a)
+            expr(e.b)
+        elif isinstance(e, _BINARY_OPS + _COMPARISONS):
+            total += 1
+            expr(e.a)
+            expr(e.b)
+        elif isinstance(e, tirx.Select):
+            branch = True
+            total += 1
+            for child in _children(e):
+                expr(child)
+        elif isinstance(e, tvm.ir.Call):
+            if e.op.name.endswith("if_then_else"):
+                branch = True
+                total += 1
+            else:
+                total += _CALL_COST
+            for child in e.args:
+                expr(child)
+        elif isinstance(e, (tirx.Cast, tirx.Not)):
+            for child in _children(e):
+                expr(child)
 
     def stmt_walk(s) -> None:
-        nonlocal ops, folded
         if isinstance(s, tirx.BufferStore):
-            ops += _cost(s.value)
-            folded += _folded_cost(s.value, extents or {}, fold_vars)[0]
+            expr(s.value)
         elif isinstance(s, tirx.SeqStmt):
             for child in s.seq:
                 stmt_walk(child)
         elif isinstance(s, tirx.IfThenElse):
-            ops += _cost(s.condition)
-            folded += _cost(s.condition)
+            nonlocal branch
+            branch = True
+            expr(s.condition)
             stmt_walk(s.then_case)
             if s.else_case is not None:
                 stmt_walk(s.else_case)
@@ -151,67 +165,7 @@ def count_ops(stmt, extents: Mapping | None = None) -> OpCount:
             stmt_walk(s.body)
 
     stmt_walk(stmt)
-    return OpCount(ops, folded, frozenset(fold_vars))
-
-
-def _cost(e, fused: bool = False) -> float:
-    """Instructions of an expression as written (see count_ops); the integer arithmetic a comparison reads is
-    index arithmetic (a padding condition's), strength-reduced like addresses: free."""
-    children = e.args if isinstance(e, tvm.ir.Call) else _children(e)
-    if isinstance(e, _INDEX_COMPARISONS):
-        children = [child for child in children if not str(getattr(child, "ty", "")).startswith(("int", "uint"))]
-    return _own_cost(e, fused) + sum(_cost(child, isinstance(child, tirx.Mul) and isinstance(e, (tirx.Add, tirx.Sub)))
-                                     for child in children)
-
-
-def _own_cost(e, fused: bool) -> float:
-    """Instructions of an expression's own operation: a multiply feeding an add (`fused`) is that add's."""
-    if isinstance(e, tirx.Mul):
-        return 0.0 if fused else 1.0
-    if isinstance(e, _BINARY_OPS + _COMPARISONS + (tirx.Select,)):
-        return 1.0
-    if isinstance(e, tvm.ir.Call):
-        return 1.0 if e.op.name.endswith("if_then_else") else _CALL_COST
-    return 0.0
-
-
-def _folded_cost(e, extents: Mapping, fold_vars: set, fused: bool = False) -> tuple[float, float]:
-    """(expected instructions, share of unrolled copies in which the value is not a constant zero) of an
-    expression once its index-only selects fold; adds the variables they read to `fold_vars`."""
-    if isinstance(e, tirx.Select) and not _reads_buffer(e):
-        variables = _variables(e.condition)
-        fold_vars.update(variables)
-        space = math.prod(float(extents.get(v, 1.0)) for v in variables)
-        return 0.0, min(1.0, _select_chain(e) / space) if space > 1 else 1.0
-    if isinstance(e, (tirx.Add, tirx.Sub)):
-        (cost_a, live_a), (cost_b, live_b) = (_folded_cost(side, extents, fold_vars, isinstance(side, tirx.Mul))
-                                              for side in (e.a, e.b))
-        return cost_a + cost_b + live_a * live_b, 1.0 - (1.0 - live_a) * (1.0 - live_b)
-    if isinstance(e, tirx.Mul):
-        (cost_a, live_a), (cost_b, live_b) = (_folded_cost(side, extents, fold_vars) for side in (e.a, e.b))
-        live = live_a * live_b
-        return live * (cost_a / max(live_a, 1e-9) + cost_b / max(live_b, 1e-9) + _own_cost(e, fused)), live
-    children = e.args if isinstance(e, tvm.ir.Call) else _children(e)
-    return _own_cost(e, fused) + sum(_folded_cost(child, extents, fold_vars)[0] for child in children), 1.0
-
-
-def _select_chain(e) -> int:
-    """Selects in a chain of selects (a constant matrix: one per nonzero entry)."""
-    count = 0
-    while isinstance(e, tirx.Select):
-        count += 1
-        e = e.false_value
-    return count
-
-
-def _reads_buffer(e) -> bool:
-    """Whether an expression loads from any buffer (else it depends on indices and constants only)."""
-    return isinstance(e, tvm.ir.expr.TensorLoad) or any(_reads_buffer(child) for child in _children(e))
-
-
-def _variables(e) -> list:
-    """The variables an expression reads."""
-    return list(tirx.analysis.undefined_vars(e))
+    return max(total, 1.0), branch
 
 
 def block_info(block: s_tir.SBlock) -> BlockInfo:
@@ -241,7 +195,7 @@ def block_info(block: s_tir.SBlock) -> BlockInfo:
             coef[a, d] = c
             offset[a, d] = o
             base[a, d] = b
-    counted = count_ops(block.body, {iv.var: float(int(iv.dom.extent)) for iv in block.iter_vars})
+    ops, branch = count_ops(block.body)
     return BlockInfo(
         name=block.name_hint,
         axis_names=tuple(str(iv.var) for iv in block.iter_vars),
@@ -251,9 +205,8 @@ def block_info(block: s_tir.SBlock) -> BlockInfo:
         coef=coef,
         offset=offset,
         base=base,
-        ops=counted.ops,
-        folded_ops=counted.folded_ops,
-        fold_axes=np.array([any(v.same_as(f) for f in counted.fold_vars) for v in variables], dtype=bool),
+        ops=ops,
+        branch=branch,
     )
 
 
@@ -361,9 +314,6 @@ def nests_from_func(func: tirx.PrimFunc) -> list[Nest]:
                 accesses=info.accesses,
                 ops=np.array([info.ops]),
                 active=np.array([True]),
-                explicit_unroll=np.array([k == int(tirx.ForKind.UNROLLED) for k in kinds], dtype=bool),
-                folded_ops=np.array([info.folded_ops]),
-                fold_loops=(binding[info.fold_axes] > 0).any(axis=0),
                 parallel=np.array([[k == int(tirx.ForKind.PARALLEL) for k in kinds]], dtype=bool).reshape(1, -1),
                 vector=np.array([[k == int(tirx.ForKind.VECTORIZED) for k in kinds]], dtype=bool).reshape(1, -1),
                 unroll=np.array([float(unroll)]),
