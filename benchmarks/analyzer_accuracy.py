@@ -4,14 +4,14 @@
 
 Every candidate of the record store (a CPU build's) is estimated by the CPU analyzer as draft-verify scores drafts:
 its decisions read into the task's design space (TVM's default spaces, read structurally; candidates of spaces the
-analyzer does not read, and tasks without decisions, are left out). Printed per task: the
-candidates measured, Spearman's rank correlation between estimate and measured time (ties ranked alike), the
-first candidate measured (the search's first pick) against the task's best, the mean of the candidates in the analyzer's
-best tie bucket (as draft-verify buckets estimates: what a pick by the analyzer alone gets on average) against the
-task's best, and the analyzer's blind pairs: candidates it
-estimates within `--tie` of each other that ran more than `--blind-ratio` apart, with the decisions that differ
-in the worst such pair. A blind pair is what no ranking by the analyzer can order: which of the two a batch
-measures is left to the tie-break. Estimates are compared on this machine's host profile.
+analyzer does not read, and tasks without decisions, are left out). Printed per task: the candidates measured,
+Spearman's rank correlation between estimate and measured time (ties ranked alike), the first candidate measured
+(the search's first pick) against the task's best, top/best: the mean of the candidates in the analyzer's best tie
+bucket (as draft-verify buckets estimates: what a pick by the analyzer alone gets on average) against the task's
+best, and the analyzer's blind pairs: candidates it estimates within `--tie` of each other that ran more than
+`--blind-ratio` apart, with the decisions that differ in the worst such pair. A blind pair is what no ranking by
+the analyzer can order: which of the two a batch measures is left to the tie-break. Estimates are compared on this
+machine's host profile.
 """
 
 from __future__ import annotations
