@@ -296,10 +296,11 @@ def test_short_tuning_run_improves_on_its_first_batch(tmp_path):
 @pytest.mark.slow
 def test_a_build_from_scratch_gives_every_task_the_analyzers_best_drafts_in_one_batch_before_any_round(tmp_path):
     """No records, no siblings: the first thing measured is one batch of every task's best drafts, each built
-    and run; the model's tuning curve starts when it ends, before any task's round; each round then measures
-    the rest of its task's trials, never a draft twice. The stock search has no analyzer: it starts with rounds."""
+    and run, more of the heavier task's (3.4x the other's FLOPs); the model's tuning curve starts when it ends,
+    before any task's round; each round then measures the rest of its task's trials, never a draft twice. The
+    stock search has no analyzer: it starts with rounds."""
     from edgetune.tuning.tasks import TuningTask
-    from edgetune.tuning.tune import FIRST_DRAFTS, tune
+    from edgetune.tuning.tune import FIRST_DRAFTS, FIRST_DRAFTS_HEAVY, tune
 
     profile = load_profile("host")
     tasks = [TuningTask(f"matmul{n}", matmul(n), 1, 2.0 * n ** 3) for n in (64, 96)]
@@ -308,8 +309,9 @@ def test_a_build_from_scratch_gives_every_task_the_analyzers_best_drafts_in_one_
     plan = TuningPlan(trials, None, "draft-verify", 0, 2, profile.hardware, profile.device, profile.isa)
     result = tune(tasks, profile.tvm_target(), store, plan)
     log = store.read_log()
-    first = len(tasks) * FIRST_DRAFTS
-    assert [(e["task"], e["measured"]) for e in log[:first]] == [(t.name, 1) for t in tasks for _ in range(FIRST_DRAFTS)]
+    counts = [FIRST_DRAFTS, FIRST_DRAFTS_HEAVY]
+    first = sum(counts)
+    assert [(e["task"], e["measured"]) for e in log[:first]] == [(t.name, 1) for t, c in zip(tasks, counts) for _ in range(c)]
     assert all(e["batch_best_us"] for e in log[:first])  # built and run
     assert log[first - 1]["elapsed_s"] <= result.curve[0][0] < log[first]["elapsed_s"]
     assert [e["task"] for e in log[first:]] == [t.name for t in tasks]  # one round each: the rest of its trials
@@ -322,13 +324,23 @@ def test_a_build_from_scratch_gives_every_task_the_analyzers_best_drafts_in_one_
     assert stock.read_log()[0]["measured"] > 1
 
 
+def test_the_tasks_that_hold_the_models_flops_get_more_first_drafts():
+    """Four drafts for a task with at least half the heaviest task's FLOPs (per call x calls), two for the rest:
+    ResNet-18's four 3x3 stages (one called 4 times, three 3 times) against its stem, strided and 1x1 ones."""
+    from edgetune.tuning.tune import FIRST_DRAFTS, FIRST_DRAFTS_HEAVY, first_draft_counts
+
+    mflops = [231.0 * 4, 231.0 * 3, 231.0 * 3, 231.0 * 3, 236.0, 115.0, 115.0, 115.0, 12.8, 1.0]
+    assert first_draft_counts(mflops) == [FIRST_DRAFTS_HEAVY] * 4 + [FIRST_DRAFTS] * 6
+    assert first_draft_counts([0.0, 0.0]) == [FIRST_DRAFTS] * 2 and first_draft_counts([]) == []
+
+
 def test_the_first_drafts_made_on_the_tunings_workers_are_those_made_here():
     """A MobileNet-V2's 34 tasks took 21 s to draft in the main process, on one of two cores, while the workers
     waited: each task is now drafted on a worker. The drafts come back as traces, replayed here: the same
     programs as drafted in this process, with the search's counts, in the order of the positions asked for."""
     from edgetune.tuning.task_scheduler import TaskOutcome
     from edgetune.tuning.tasks import TuningTask
-    from edgetune.tuning.tune import FIRST_DRAFTS, TuningResult, _first_drafts
+    from edgetune.tuning.tune import TuningResult, _first_drafts, first_draft_counts
     from edgetune.tuning.worker_pool import WorkerPool
 
     profile = load_profile("host")
@@ -348,7 +360,8 @@ def test_the_first_drafts_made_on_the_tunings_workers_are_those_made_here():
         pool.shutdown()
     here, counted_here = drafted(None)
     assert on_workers == here and [p for p, _ in here] == [2, 0]
-    assert all(len(set(programs)) == FIRST_DRAFTS for _, programs in here)
+    wanted = first_draft_counts([t.total_flops for t in tasks])
+    assert [len(set(programs)) for _, programs in here] == [wanted[2], wanted[0]] == [4, 2]
     assert counted == counted_here and counted[0] > 0 and counted[2] > 0 and counted[1] == 0
 
 

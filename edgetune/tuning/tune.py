@@ -410,12 +410,25 @@ def _first_batch(tasks: list[TuningTask], result: TuningResult, target: tvm.targ
 
 FIRST_DRAFTS = 2
 """The analyzer's drafts of a task without a sibling's seed, measured in the first batch."""
+FIRST_DRAFTS_HEAVY, HEAVY_SHARE = 4, 0.5
+"""Drafts of a task whose FLOPs (per call x calls) are at least HEAVY_SHARE of the heaviest task's: where the
+model's time is, the better of two drafts varies most (a ResNet-18's 512-channel convolution: 560-983 us over
+five seeds). Side by side (`variants.py --budget-min 1.5 --seeds 1 2 3 4 5`, znver5), four drafts for its four
+heaviest tasks made the first batch's model 6.99-8.13 ms against 8.13-9.92 ms (median 7.74 against 9.15) for
+0.6-1.8 s more of first batch, and ONNX Runtime was beaten in 5 of 5 builds against 4 of 5."""
+
+
+def first_draft_counts(total_flops: list[float]) -> list[int]:
+    """The first batch's drafts of each task, given each task's FLOPs per call times its calls."""
+    heaviest = max(total_flops, default=0.0)
+    return [FIRST_DRAFTS_HEAVY if heaviest > 0 and flops >= HEAVY_SHARE * heaviest else FIRST_DRAFTS
+            for flops in total_flops]
 
 
 def _first_drafts(tasks: list[TuningTask], result: TuningResult, target: tvm.target.Target, plan: TuningPlan,
                   pool: WorkerPool | None) -> DraftFn | None:
-    """With draft-verify, a task without a sibling's seed gets the analyzer's best FIRST_DRAFTS in the first
-    batch (the rest of its first round follows); the stock search has no analyzer to draft with.
+    """With draft-verify, a task without a sibling's seed gets the analyzer's best drafts in the first batch
+    (`first_draft_counts`; the rest of its first round follows); the stock search has no analyzer to draft with.
 
     The tasks are drafted on the tuning's `pool`, one job per task, while its workers are idle: in this
     process a MobileNet-V2's 34 tasks took 21 s, half of its first batch, on one of two cores. Without a pool
@@ -423,9 +436,10 @@ def _first_drafts(tasks: list[TuningTask], result: TuningResult, target: tvm.tar
     if plan.search != "draft-verify":
         return None
     sendable = replace(plan, remote=None, siblings=None, keep_for_later=None, runs_on=None)  # what pickles
+    wanted_drafts = first_draft_counts([task.total_flops for task in tasks])
 
     def drafts(positions: list[int]) -> list[tuple[int, ms.TuneContext, list[MeasureCandidate]]]:
-        counts = {p: min(FIRST_DRAFTS, plan.trials_per_task - result.tasks[p].trials_before) for p in positions}
+        counts = {p: min(wanted_drafts[p], plan.trials_per_task - result.tasks[p].trials_before) for p in positions}
         wanted = [p for p in positions if counts[p] > 0]
         jobs = {p: pool.submit_with_timeout(None, drafted_traces, tasks[p], p + 1, target, sendable, counts[p],
                                             result.tasks[p].search) for p in wanted} if pool is not None else {}
