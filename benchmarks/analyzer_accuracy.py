@@ -29,7 +29,7 @@ import e2e  # noqa: F401  (sets the thread counts first)
 
 from edgetune.tuning.cost_model.ranking import rank  # ties share their mean rank
 from edgetune.tuning.measurements import FAILED, mean_seconds
-from edgetune.tuning.search_strategy.draft_verify import ANALYZER_RESOLUTION, log_latency
+from edgetune.tuning.search_strategy.draft_verify import tie_buckets
 
 
 @dataclass
@@ -56,7 +56,7 @@ class TaskReport:
     def top_bucket(self) -> float:
         """Mean measured time, over the task's best, of the candidates in the analyzer's best tie bucket: what a
         pick by the analyzer alone gets on average, as draft-verify buckets estimates (the tie-break decides there)."""
-        buckets = np.floor(log_latency([c.estimate_us * 1e-6 for c in self.candidates]) / np.log1p(ANALYZER_RESOLUTION))
+        buckets = tie_buckets([c.estimate_us * 1e-6 for c in self.candidates])
         top = [c.measured_us for c, bucket in zip(self.candidates, buckets) if bucket == buckets.min()]
         return float(np.mean(top)) / min(c.measured_us for c in self.candidates)
 

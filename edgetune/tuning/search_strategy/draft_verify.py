@@ -388,7 +388,7 @@ class DraftVerifySearch(PySearchStrategy):
         self.counts.verified += len(ready)
         if not ready:
             return []
-        drafted = rank(-np.floor(log_latency([d.latency for d in ready]) / np.log1p(ANALYZER_RESOLUTION)))
+        drafted = rank(-tie_buckets([d.latency for d in ready]))
         learned = np.zeros(len(ready))
         if weight > 0 and self.cost_model is not None:
             candidates = [MeasureCandidate(d.schedule, ArgInfo.from_entry_func(d.schedule.mod, remove_preproc=True))
@@ -599,6 +599,11 @@ def log_latency(latencies) -> np.ndarray:
     """Logarithms of analyzer estimates, clipped so that zero, inf and nan give finite values."""
     seconds = np.nan_to_num(np.asarray(latencies, dtype=float), nan=LONGEST_S, posinf=LONGEST_S)
     return np.log(np.clip(seconds, SHORTEST_S, LONGEST_S))
+
+
+def tie_buckets(latencies) -> np.ndarray:
+    """The tie bucket of each analyzer estimate (seconds): estimates within ANALYZER_RESOLUTION share one."""
+    return np.floor(log_latency(latencies) / np.log1p(ANALYZER_RESOLUTION))
 
 
 def _novelty(draft: _Draft, seen: list[set[int]]) -> float:
