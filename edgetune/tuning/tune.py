@@ -416,7 +416,8 @@ model's time is, the better of two drafts varies most (a ResNet-18's 512-channel
 five seeds). Side by side (`variants.py --budget-min 1.5 --seeds 1 2 3 4 5`, znver5), four drafts for its four
 heaviest tasks made the first batch's model 6.99-8.13 ms against 8.13-9.92 ms (median 7.74 against 9.15) for
 0.6-1.9 s more of first batch, and ONNX Runtime was beaten in 5 of 5 builds against 4 of 5. On a ResNet-50 export
-(7 of 28 tasks heavy, znver5) the final artifacts were 1.05x slower at 3 minutes (3 seeds) and even at 10 (2 seeds)."""
+(7 of 28 tasks heavy, znver5) the final artifacts were 1.05x slower at 3 minutes (3 seeds) and as fast at 10 (2 seeds:
+1.00x)."""
 
 
 def first_draft_counts(total_flops: list[float]) -> list[int]:
