@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from edgetune.tuning.task_scheduler import TaskOutcome, trials_that_fit
 
@@ -117,7 +118,7 @@ def test_a_task_whose_tuning_raises_keeps_the_build_verified(tmp_path, monkeypat
     failed = [t for t in host["tasks"] if t["tuning_failed"]]
     assert [t["name"] for t in failed] == [next(t["name"] for t in host["tasks"] if "conv2d" in t["name"])]
     drafts = first_draft_counts([t["flops"] * t["weight"] for t in host["tasks"]])
-    first_batch = min(drafts[host["tasks"].index(failed[0])], 5)  # the recipe's trials_per_task
+    first_batch = min(drafts[host["tasks"].index(failed[0])], yaml.safe_load(RECIPE)["tuning"]["trials_per_task"])
     assert INJECTED in failed[0]["tuning_failed"] and failed[0]["trials_measured_now"] == first_batch
     assert failed[0]["best_us"] is not None  # its first drafts are its schedule
     assert host["tuning_failed"] == [f"{failed[0]['name']}: {failed[0]['tuning_failed']}"]
