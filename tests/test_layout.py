@@ -15,8 +15,9 @@ from edgetune.profiles import resolve_profile
 from edgetune.tuning.tasks import extract_tasks
 
 
-def _mobile_block(path: Path) -> LoadedModel:
-    """conv 3->8, ReLU6 (Clip with initializer bounds), depthwise conv, ReLU6, pooled: a MobileNet block."""
+def _mobile_block(path: Path, low: float = 0.0) -> LoadedModel:
+    """conv 3->8, ReLU6 (Clip with initializer bounds), depthwise conv, ReLU6, pooled: a MobileNet block.
+    `low`: the Clips' lower bound (NaN: none, as ONNX reads it)."""
     rng = np.random.default_rng(0)
 
     def init(name: str, array: np.ndarray) -> onnx.TensorProto:
@@ -25,7 +26,7 @@ def _mobile_block(path: Path) -> LoadedModel:
     initializers = [
         init("w1", rng.standard_normal((8, 3, 3, 3)) * 0.3), init("b1", rng.standard_normal(8) * 0.1),
         init("w2", rng.standard_normal((8, 1, 3, 3)) * 0.3), init("b2", rng.standard_normal(8) * 0.1),
-        init("lo", np.array(0.0)), init("hi", np.array(6.0)),
+        init("lo", np.array(low)), init("hi", np.array(6.0)),
     ]
     nodes = [
         helper.make_node("Conv", ["data", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
@@ -84,3 +85,35 @@ def test_channels_last_model_computes_what_onnx_runtime_does(block) -> None:
     ours = run(vm, [x["data"]], tvm.cpu())[0]
     expected = ReferenceRuntime(block)._session(1).run(None, x)[0]
     np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_nan_clip_bound_means_unbounded_as_in_onnx_runtime(tmp_path) -> None:
+    """The importer guards each Clip bound with where(isnan(bound), -inf, bound); edgetune folds those guards on
+    constant bounds in numpy (`_fold_nan_guards`), so a NaN bound must still leave the output unclipped below."""
+    import tvm
+
+    from edgetune.compile import compile_model
+    from edgetune.reference import ReferenceRuntime
+    from edgetune.runtime import run
+
+    block = _mobile_block(tmp_path / "nan_low.onnx", low=float("nan"))
+    x = block.sample_inputs()
+    x["data"] = x["data"] * 8
+    vm = tvm.relax.VirtualMachine(compile_model(to_relax(block), resolve_profile("host", None).tvm_target(), None),
+                                  tvm.cpu())
+    ours = run(vm, [x["data"]], tvm.cpu())[0]
+    expected = ReferenceRuntime(block)._session(1).run(None, x)[0]
+    assert expected.min() < 0  # the NaN bound clipped nothing below
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_constant_clip_bounds_fold_to_what_fold_constant_gives(block, monkeypatch) -> None:
+    """Folding the NaN guards in numpy changes how long the import takes, not what it imports."""
+    import tvm_ffi
+
+    from edgetune.frontend import onnx as frontend
+
+    folded = to_relax(block)
+    assert "isnan" not in folded.script() and "where" not in folded.script()
+    monkeypatch.setattr(frontend, "_fold_nan_guards", lambda mod: mod)  # FoldConstant compiles and runs them
+    assert tvm_ffi.structural_equal(folded, to_relax(block))
