@@ -196,8 +196,8 @@ _NAN_GUARD_MAX_ELEMENTS = 4096
 
 def _fold_nan_guards(mod):
     """The importer's `where(isnan(bound), -inf or inf, bound)` around every constant Clip bound, evaluated in
-    numpy. FoldConstant compiles each such call with LLVM: MobileNet-V2's 35 ReLU6 gave 70 of each and took 10 s
-    of its 15-s import on a 2-core VM. Only `isnan` and `where` on small constants are folded, to the values
+    numpy. FoldConstant compiles each such call with LLVM: MobileNet-V2's 35 ReLU6 gave 70 of each, about 8 s of
+    its 12-s import on a 2-core Zen 1 VM. Only `isnan` and `where` on small constants are folded, to the values
     FoldConstant would give (both are exact: a test checks a NaN bound against ONNX Runtime)."""
     import numpy as np
     import tvm
