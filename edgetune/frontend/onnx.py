@@ -298,13 +298,13 @@ def _lift_clips(mod):
     `topi.minimum` functions. Layout conversion cannot see through such a call: it would wrap each in
     transposes and keep it out of the convolution's fused kernel. A call is replaced only where its
     function is structurally the very function the relax op legalizes to, so nothing changes meaning.
+    `mod` is `to_relax`'s: the importer's NaN-guarded bounds are constants already (`_decompose_for_inference`).
     """
     import tvm
     import tvm_ffi
     from tvm import relax, te, topi
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
-    mod = relax.transform.FoldConstant()(mod)  # the importer's NaN-guarded bounds become constants
     call_tir = tvm.ir.Op.get("relax.call_tir")
     ops = ((topi.maximum, relax.op.maximum), (topi.minimum, relax.op.minimum))
 
