@@ -116,4 +116,60 @@ def test_constant_clip_bounds_fold_to_what_fold_constant_gives(block, monkeypatc
     folded = to_relax(block)
     assert "isnan" not in folded.script() and "where" not in folded.script()
     monkeypatch.setattr(frontend, "_fold_nan_guards", lambda mod: mod)  # FoldConstant compiles and runs them
-    assert tvm_ffi.structural_equal(folded, to_relax(block))
+    unfolded = to_relax(block)
+    assert tvm_ffi.structural_equal(folded, unfolded)
+    _assert_same_constants(folded, unfolded)  # structural equality passes a (1,) constant for a 0-d one
+
+
+def test_constant_reshapes_fold_at_import_to_what_fold_constant_gives(block, monkeypatch) -> None:
+    """The importer's bias reshapes (C to 1xCx1x1) are folded in numpy (`_fold_constant_layouts`)."""
+    import tvm_ffi
+
+    from edgetune.frontend import onnx as frontend
+
+    folded = to_relax(block)
+    monkeypatch.setattr(frontend, "_fold_constant_layouts", lambda mod: mod)  # FoldConstant compiles and runs them
+    unfolded = to_relax(block)
+    assert tvm_ffi.structural_equal(folded, unfolded)
+    assert _assert_same_constants(folded, unfolded) == 8  # two weights, two biases, four Clip bounds
+
+
+def _constants(mod) -> list[np.ndarray]:
+    import tvm
+    from tvm import relax
+
+    constants: list[np.ndarray] = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: constants.append(e.value.numpy()) if isinstance(
+        e, tvm.ir.GenericConst) and hasattr(e.value, "numpy") else None)
+    return constants
+
+
+def _assert_same_constants(ours, theirs) -> int:
+    """The constants of the two modules' main functions are equal in dtype, shape and value; how many."""
+    mine, others = _constants(ours), _constants(theirs)
+    assert len(mine) == len(others)
+    for a, b in zip(mine, others):
+        assert (a.dtype, a.shape) == (b.dtype, b.shape) and np.array_equal(a, b, equal_nan=True)
+    return len(mine)
+
+
+def test_weight_transposes_fold_to_what_fold_constant_gives(block, monkeypatch) -> None:
+    """Layout conversion's transposes of constant weights and biases are folded in numpy
+    (`_fold_constant_layouts`): the fused kernels and the constants are the ones FoldConstant gave."""
+    import tvm_ffi
+    from tvm import relax
+
+    from edgetune.frontend import onnx as frontend
+
+    target = resolve_profile("host", None).tvm_target()
+    imported = to_relax(block)
+
+    def kernels(mod) -> list[int]:
+        return sorted(tvm_ffi.structural_hash(f.without_attr("global_symbol")) for _, f in mod.functions_items()
+                      if not isinstance(f, relax.Function))
+
+    folded = fuse_for_tuning(imported, target)
+    monkeypatch.setattr(frontend, "_fold_constant_layouts", lambda mod: mod)  # FoldConstant compiles and runs them
+    unfolded = fuse_for_tuning(imported, target)
+    assert kernels(folded) == kernels(unfolded)
+    assert _assert_same_constants(folded, unfolded) == 4  # two weights, two biases (the bounds are in the kernels)

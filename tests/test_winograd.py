@@ -148,6 +148,26 @@ def test_winograd_model_computes_what_onnx_runtime_does(block) -> None:
     np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("tile", [2, 4])
+def test_constant_weights_transformed_in_numpy_equal_the_transform_kernel(tile: int) -> None:
+    """`winograd_weight_values` (what constant weights get) against `winograd_weight_transform` compiled by TVM
+    and run (what a weight computed at run time gets, and what FoldConstant used to run)."""
+    import tvm
+    from tvm import te
+
+    from edgetune.frontend.winograd import winograd_weight_transform, winograd_weight_values
+
+    weight = np.random.default_rng(tile).standard_normal((3, 3, 5, 7)).astype(np.float32)  # HWIO
+    placeholder = te.placeholder(weight.shape, "float32", name="weight")
+    kernel = tvm.compile(te.create_prim_func([placeholder, winograd_weight_transform(placeholder, tile)]),
+                         target="llvm")
+    packed = tvm.runtime.tensor(np.zeros((tile + 2, tile + 2, 7, 5), np.float32))
+    kernel(tvm.runtime.tensor(weight), packed)
+    ours = winograd_weight_values(weight, tile)
+    assert ours.dtype == np.float32 and ours.shape == packed.shape
+    np.testing.assert_allclose(ours, packed.numpy(), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.slow
 def test_a_tuned_winograd_kernel_compiles_into_a_model_that_matches_onnx_runtime(block, tmp_path) -> None:
     """MetaSchedule's winograd rules tune the kernel, and compile finds its record, applies it to both

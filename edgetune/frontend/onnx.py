@@ -187,7 +187,8 @@ def _decompose_for_inference(mod):
     from tvm import relax
 
     with tvm.transform.PassContext(opt_level=3):
-        return relax.transform.FoldConstant()(_fold_nan_guards(relax.transform.DecomposeOpsForInference()(mod)))
+        decomposed = relax.transform.DecomposeOpsForInference()(mod)
+        return relax.transform.FoldConstant()(_fold_constant_layouts(_fold_nan_guards(decomposed)))
 
 
 _NAN_GUARD_MAX_ELEMENTS = 4096
@@ -201,37 +202,76 @@ def _fold_nan_guards(mod):
     FoldConstant would give (both are exact: a test checks a NaN bound against ONNX Runtime)."""
     import numpy as np
     import tvm
+
+    return _fold_in_numpy(mod, {
+        tvm.ir.Op.get("relax.isnan"): lambda call, values: np.isnan(values[0]),
+        tvm.ir.Op.get("relax.where"): lambda call, values: np.where(*values),
+    }, _NAN_GUARD_MAX_ELEMENTS)
+
+
+def _fold_constant_layouts(mod):
+    """Every `permute_dims` and `reshape` of a constant, evaluated in numpy. The importer reshapes each
+    convolution's bias (C to 1xCx1x1), layout conversion transposes each weight and bias (OIHW to HWIO), and
+    FoldConstant compiled each such op with LLVM and ran it: on a 2-core Zen 1 VM MobileNet-V2's 52 reshapes
+    took 3.7 s of its 4.3-s import, and its 104 transposes 7 s of every `fuse_for_tuning` call (task
+    extraction, and each compile of the model). Both ops move values and compute nothing: the constants are
+    the ones FoldConstant gives. No size bound: the weights are in memory already, and FoldConstant made the
+    same copies. A reshape to a shape that is not static is left to FoldConstant."""
+    import numpy as np
+    import tvm
+
+    def transpose(call, values):
+        axes = call.attrs.axes
+        return np.transpose(values[0], None if axes is None else [int(a) for a in axes])
+
+    def reshape(call, values):
+        shape = call.ty.shape
+        dims = getattr(shape, "values", None)
+        if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
+            return None
+        return np.reshape(values[0], [int(d) for d in dims])
+
+    return _fold_in_numpy(mod, {tvm.ir.Op.get("relax.permute_dims"): transpose,
+                                tvm.ir.Op.get("relax.reshape"): reshape}, None)
+
+
+def _fold_in_numpy(mod, folds: dict, max_elements: int | None):
+    """`mod` with each call of an op in `folds` whose tensor arguments are all constants (or variables bound to
+    constants) of at most `max_elements` elements (None: any size) replaced by the constant its numpy function
+    (`folds[op](call, values)`) computes, in the call's dtype; a function that returns None leaves the call."""
+    import numpy as np
+    import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
-    isnan, where = tvm.ir.Op.get("relax.isnan"), tvm.ir.Op.get("relax.where")
-
     @mutator
-    class FoldGuards(PyExprMutator):
+    class FoldCalls(PyExprMutator):
         def constant(self, expr):
-            """`expr`'s value as a numpy array when it is a small constant (or a variable bound to one)."""
+            """`expr`'s value as a numpy array when it is a constant (or a variable bound to one) in bounds."""
             if isinstance(expr, relax.Var):
                 expr = self.lookup_binding(expr)
             if not isinstance(expr, tvm.ir.GenericConst):
                 return None
             value = expr.value.numpy()
-            return value if value.size <= _NAN_GUARD_MAX_ELEMENTS else None
+            return value if max_elements is None or value.size <= max_elements else None
 
         def visit_call_(self, original):
             call = super().visit_call_(original)
-            if call.op not in (isnan, where):
+            if call.op not in folds:
                 return call
-            values = [self.constant(arg) for arg in call.args]
+            values = [self.constant(arg) for arg in call.args if not isinstance(arg, relax.ShapeExpr)]
             if any(value is None for value in values):
                 return call
+            folded = folds[call.op](original, values)
+            if folded is None:
+                return call
             dtype = str(original.ty.dtype)
-            folded = np.isnan(values[0]) if call.op == isnan else np.where(*values)
-            return relax.const(folded.astype(dtype), dtype)
+            return relax.const(np.array(folded, dtype=dtype, order="C"), dtype)  # 0-d stays 0-d
 
     folded = tvm.IRModule(mod.functions, attrs=mod.attrs, global_infos=mod.global_infos)
     for gvar, function in mod.functions.items():
         if isinstance(function, relax.Function):
-            folded[gvar] = FoldGuards().visit_expr(function)
+            folded[gvar] = FoldCalls().visit_expr(function)
     return folded
 
 
@@ -433,11 +473,14 @@ def fuse_for_tuning(mod: tvm.IRModule, target: tvm.target.Target,
 
 
 def _fusion_passes(layout: tuple[str, str] | None, winograd: WinogradPolicy | None) -> list:
+    import tvm
     from tvm import relax
 
     from edgetune.frontend.concat import legalize_concat
 
-    converting = [relax.transform.ConvertLayout({"relax.nn.conv2d": list(layout)})] if layout else []
+    converting = [relax.transform.ConvertLayout({"relax.nn.conv2d": list(layout)}),
+                  tvm.transform.module_pass(lambda mod, _ctx: _fold_constant_layouts(mod), opt_level=0,
+                                            name="FoldConstantLayouts")] if layout else []
     algorithms = {"relax.concat": legalize_concat} if layout else {}
     if layout and winograd:
         algorithms["relax.nn.conv2d"] = winograd.legalize_conv2d

@@ -79,6 +79,26 @@ def winograd_weight_transform(weight: te.Tensor, tile_size: int) -> te.Tensor:
     )
 
 
+def winograd_weight_values(weight: np.ndarray, tile_size: int) -> np.ndarray:
+    """`winograd_weight_transform` of constant HWIO weights, in numpy (float64, cast back). FoldConstant
+    compiled the transform's select chains with LLVM and ran its naive loops: about 3.4 s of each of
+    ResNet-18's `fuse_for_tuning` calls on a 2-core Zen 1 VM, and each compile of the model makes one."""
+    g = transform_matrices(tile_size)[2].astype(np.float64)
+    packed = np.einsum("ek,nl,klio->enoi", g, g, weight.astype(np.float64), optimize=True)
+    return np.ascontiguousarray(packed.astype(weight.dtype))
+
+
+def _constant_value(bb, expr) -> np.ndarray | None:
+    """`expr`'s value where it is a constant or a variable `bb` bound to one; None otherwise."""
+    import tvm
+
+    if isinstance(expr, tvm.relax.Var):
+        expr = bb.lookup_binding(expr)
+    if isinstance(expr, tvm.ir.GenericConst) and hasattr(expr.value, "numpy"):
+        return expr.value.numpy()
+    return None
+
+
 def winograd_conv2d_nhwc(data: te.Tensor, kernel_pack: te.Tensor, padding: Sequence[int],
                          out_dtype: str) -> te.Tensor:
     """NHWC convolution by F(m x m, 3x3) on weights already transformed by `winograd_weight_transform`
@@ -191,15 +211,19 @@ class WinogradPolicy:
 
     def legalize_conv2d(self, bb, call):
         """LegalizeOps hook for relax.nn.conv2d: a weight transform + a Winograd kernel where the
-        policy picks a tile, the usual legalization elsewhere. FoldConstant then evaluates the weight
-        transform on constant weights, so it runs at compile time."""
+        policy picks a tile, the usual legalization elsewhere. Constant weights are transformed here, in
+        numpy (`winograd_weight_values`); a weight computed at run time gets the transform as a kernel."""
         import tvm
 
         tile = self._tile_for(call)
         if tile is None:
             return tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")(bb, call)
-        kernel_pack = bb.emit_te(winograd_weight_transform, call.args[1], tile,
-                                 primfunc_name_hint="winograd_weight_transform")
+        weight = _constant_value(bb, call.args[1])
+        if weight is not None:  # computed here, where FoldConstant compiled and ran the transform
+            kernel_pack = tvm.relax.const(winograd_weight_values(weight, tile), str(weight.dtype))
+        else:
+            kernel_pack = bb.emit_te(winograd_weight_transform, call.args[1], tile,
+                                     primfunc_name_hint="winograd_weight_transform")
         out_dtype = call.attrs.out_dtype or call.args[0].ty.dtype
         return bb.call_te(
             winograd_conv2d_nhwc, call.args[0], kernel_pack, [int(p) for p in call.attrs.padding], str(out_dtype),
