@@ -244,16 +244,14 @@ def _fold_in_numpy(mod, folds: dict, max_elements: int | None):
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
+    from edgetune.frontend.constants import bound_constant
+
     @mutator
     class FoldCalls(PyExprMutator):
         def constant(self, expr):
             """`expr`'s value as a numpy array when it is a constant (or a variable bound to one) in bounds."""
-            if isinstance(expr, relax.Var):
-                expr = self.lookup_binding(expr)
-            if not isinstance(expr, tvm.ir.GenericConst):
-                return None
-            value = expr.value.numpy()
-            return value if max_elements is None or value.size <= max_elements else None
+            value = bound_constant(expr, self.lookup_binding)
+            return value if value is not None and (max_elements is None or value.size <= max_elements) else None
 
         def visit_call_(self, original):
             call = super().visit_call_(original)

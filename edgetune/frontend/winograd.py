@@ -88,17 +88,6 @@ def winograd_weight_values(weight: np.ndarray, tile_size: int) -> np.ndarray:
     return np.ascontiguousarray(packed.astype(weight.dtype))
 
 
-def _constant_value(bb, expr) -> np.ndarray | None:
-    """`expr`'s value where it is a constant or a variable `bb` bound to one; None otherwise."""
-    import tvm
-
-    if isinstance(expr, tvm.relax.Var):
-        expr = bb.lookup_binding(expr)
-    if isinstance(expr, tvm.ir.GenericConst) and hasattr(expr.value, "numpy"):
-        return expr.value.numpy()
-    return None
-
-
 def winograd_conv2d_nhwc(data: te.Tensor, kernel_pack: te.Tensor, padding: Sequence[int],
                          out_dtype: str) -> te.Tensor:
     """NHWC convolution by F(m x m, 3x3) on weights already transformed by `winograd_weight_transform`
@@ -215,10 +204,12 @@ class WinogradPolicy:
         numpy (`winograd_weight_values`); a weight computed at run time gets the transform as a kernel."""
         import tvm
 
+        from edgetune.frontend.constants import bound_constant
+
         tile = self._tile_for(call)
         if tile is None:
             return tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")(bb, call)
-        weight = _constant_value(bb, call.args[1])
+        weight = bound_constant(call.args[1], bb.lookup_binding)
         if weight is not None:  # computed here, where FoldConstant compiled and ran the transform
             kernel_pack = tvm.relax.const(winograd_weight_values(weight, tile), str(weight.dtype))
         else:
