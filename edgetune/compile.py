@@ -10,6 +10,7 @@ from tvm import relax
 from tvm.s_tir.meta_schedule.database import Database, MemoryDatabase
 
 from edgetune.frontend.winograd import WinogradPolicy
+from edgetune.weight_packing import fold_weight_packing
 
 
 def compile_model(mod: tvm.IRModule, target: tvm.target.Target, database: Database | None,
@@ -20,8 +21,9 @@ def compile_model(mod: tvm.IRModule, target: tvm.target.Target, database: Databa
     The kernels are fused exactly as `fuse_for_tuning` fused them for task extraction, so the tuned
     workloads are found. Where a tuned schedule packs a weight into its own layout (MetaSchedule's
     RewriteLayout, on buffers marked layout-free), the packing is split out of the kernel and folded
-    into the constant here, at compile time, instead of running on every call. With no database this
-    is the untuned baseline, built by the very same pipeline. `winograd` as in `fuse_for_tuning`;
+    into the constant here, at compile time, instead of running on every call (in numpy where it is a
+    copy: `weight_packing.py`). With no database this is the untuned baseline, built by the very same
+    pipeline. `winograd` as in `fuse_for_tuning`;
     `on_skip` hears of each kernel whose record does not replay on it (see `unreplayable_kernels`).
     """
     from tvm.relax import pipeline
@@ -31,13 +33,15 @@ def compile_model(mod: tvm.IRModule, target: tvm.target.Target, database: Databa
 
     database = database if database is not None else MemoryDatabase()
     is_gpu = pipeline.BackendDispatcher.is_gpu_target(target)
+    fold_packing = tvm.transform.module_pass(lambda mod, _ctx: fold_weight_packing(mod), opt_level=0,
+                                             name="FoldWeightPacking")
 
     @tvm.transform.module_pass(opt_level=3)
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         mod = tvm.transform.Sequential(pipeline.library_dispatch_passes(target))(mod)
         mod = _apply_database(fuse_for_tuning(mod, target, winograd), target, database, on_skip)
-        prepack = [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()]
-        mod = tvm.transform.Sequential(prepack)(mod)  # each weight packed once, here
+        prepack = [relax.transform.SplitLayoutRewritePreproc(), fold_packing, relax.transform.FoldConstant()]
+        mod = tvm.transform.Sequential(prepack)(mod)  # each weight packed once, here (in numpy where it can be)
         if is_gpu:  # untuned GPU kernels need at least thread bindings
             mod = dlight.ApplyDefaultSchedule(dlight.gpu.Matmul(), dlight.gpu.GEMV(), dlight.gpu.Reduction(),
                                               dlight.gpu.GeneralReduction(), dlight.gpu.Fallback())(mod)
