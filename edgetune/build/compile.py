@@ -30,7 +30,7 @@ class CompiledTarget:
 
 def compile_stage(ctx: TargetBuild, result: TargetResult, budget_ends: float | None) -> CompiledTarget:
     """The library the artifact ships; `budget_ends` (monotonic seconds) bounds the in-model comparison."""
-    from edgetune.compile import compile_model, export_library
+    from edgetune.compile import compile_library, compile_model, export_library
 
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     if ctx.device.can_measure:  # timed later: compiled beside this stage's first compile, unless it was already
@@ -52,10 +52,14 @@ def compile_stage(ctx: TargetBuild, result: TargetResult, budget_ends: float | N
         result.selection_skipped = ("comparing two schedules per kernel (four models compiled and timed) does not "
                                     "fit its share of the budget")
     ctx.say(f"compiling with the tuned records ({ctx.toolchain.cc.name})")
+    path = ctx.work_dir / "model.so"
+    if ctx.profile.device != "cuda":
+        library = compile_library(ctx.relax_mod, ctx.tvm_target, database, path, ctx.winograd,
+                                  ctx.toolchain.fcompile(), on_skip=_warn(ctx))
+        return CompiledTarget(library, None, samples)
     executable = compile_model(ctx.relax_mod, ctx.tvm_target, database, ctx.winograd, on_skip=_warn(ctx))
     cuda_kernels = _precompile_kernels(ctx, executable)
-    library = export_library(executable, ctx.work_dir / "model.so", ctx.toolchain.fcompile())
-    return CompiledTarget(library, cuda_kernels, samples)
+    return CompiledTarget(export_library(executable, path, ctx.toolchain.fcompile()), cuda_kernels, samples)
 
 
 def _warn(ctx: TargetBuild) -> Callable[[str], None]:
