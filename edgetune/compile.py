@@ -21,6 +21,10 @@ KERNEL_GROUPS = 2
 to write as machine code on a 2-core Zen 1 VM. A fixed number, not the machine's cores: the groups decide the
 library's bytes, which must not depend on where it is built. The other processes start (3-4 s: importing TVM)
 while this one runs the relax passes."""
+HELPED_MIN_OPERATORS = 40
+"""A model calling fewer operators has its groups built in this process: another process's start (3-4 s)
+costs more than half of such a model's kernels take to build (the zoo's tiny_cnn calls 10 operators,
+ResNet-18 70, MobileNet-V2 188)."""
 
 
 def compile_model(mod: tvm.IRModule, target: tvm.target.Target, database: Database | None,
@@ -52,8 +56,11 @@ def compile_library(mod: tvm.IRModule, target: tvm.target.Target, database: Data
 
     if target.kind.name != "llvm":
         return export_library(compile_model(mod, target, database, winograd, on_skip), path, cross_compiler)
-    # a daemon process (build/untuned.py's compile apart) may start none: it builds every group itself
-    helpers = 0 if multiprocessing.current_process().daemon else KERNEL_GROUPS - 1
+    # a small model, or a daemon process (build/untuned.py's compile apart, which may start none), builds every
+    # group here: the same groups, the same bytes
+    helpers = KERNEL_GROUPS - 1
+    if multiprocessing.current_process().daemon or _operator_calls(mod) < HELPED_MIN_OPERATORS:
+        helpers = 0
     with tempfile.TemporaryDirectory(prefix="edgetune-kernels-") as scratch, processes_with(
             [{}] * helpers) as pools:
         builder, kernels, attrs = _lowered_for_vm(mod, target, database, winograd, on_skip)
@@ -72,6 +79,19 @@ def compile_library(mod: tvm.IRModule, target: tvm.target.Target, database: Data
             builder, target, anchor, [*attrs.get("external_mods", []), *libraries],
             dict(attrs.get("const_name_to_constant", {}))))
         return export_library(executable, path, cross_compiler)
+
+
+def _operator_calls(mod: tvm.IRModule) -> int:
+    """How many operators the model calls: about how many kernels it compiles to, known before its passes run."""
+    calls = [0]
+
+    def count(expr: relax.Expr) -> None:
+        calls[0] += isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+
+    for function in mod.functions.values():
+        if isinstance(function, relax.Function):
+            relax.analysis.post_order_visit(function, count)
+    return calls[0]
 
 
 def _lowered_for_vm(mod: tvm.IRModule, target: tvm.target.Target, database: Database | None,

@@ -45,14 +45,24 @@ def _outputs(library: Path, model) -> np.ndarray:
 
 @pytest.mark.slow
 def test_kernels_built_in_groups_compute_what_one_build_computes_and_give_the_same_bytes_anywhere(tiny_build,
-                                                                                                  tmp_path):
+                                                                                                  tmp_path,
+                                                                                                  monkeypatch):
+    """The tiny model's groups built in two processes (as a model of 40 operators or more has them), again, and in
+    a daemon process alone (as a smaller model has them, in any process)."""
     from edgetune import compile as compiling
+    from edgetune import isolated
 
+    monkeypatch.setattr(compiling, "HELPED_MIN_OPERATORS", 0)
+    started = []
+    processes_with = isolated.processes_with
+    monkeypatch.setattr(isolated, "processes_with", lambda environments: started.append(len(environments))
+                        or processes_with(environments))
     directory, _ = tiny_build
     model, relax_mod, target, store = _tiny_build_inputs(directory)
     grouped = compiling.compile_library(relax_mod, target, store.database, tmp_path / "grouped.so")
     whole = compiling.export_library(compiling.compile_model(relax_mod, target, store.database), tmp_path / "one.so")
     assert np.array_equal(_outputs(grouped, model), _outputs(whole, model))
+    assert started == [compiling.KERNEL_GROUPS - 1]  # a second process built a group
 
     again = compiling.compile_library(relax_mod, target, store.database, tmp_path / "again.so")
     daemon = multiprocessing.get_context("spawn").Process(target=_compile_in_a_daemon, daemon=True,
