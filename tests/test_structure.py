@@ -15,7 +15,7 @@ LAYERS = [
     {"fleet"},  # connections to devices: RPC tracker, SSH, emulated boards, on-device sessions
     {"frontend", "reference"},  # stage: import
     {"tuning"},  # stage: tune
-    {"compile", "cuda_precompile", "selection"},  # stage: compile
+    {"compile", "cuda_precompile", "selection", "weight_packing"},  # stage: compile
     {"package"},  # stages: package, verify
     {"devices"},  # where a target's code runs (here, over RPC, nowhere): tuning's runners, package's checks
     {"report"},
