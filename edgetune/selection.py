@@ -18,6 +18,7 @@ untuned), and no kernel ships slower in the model than its default.
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from tvm.runtime.vm import VMInstrumentReturnKind
 from tvm.s_tir.meta_schedule.database import Database, MemoryDatabase, TuningRecord, Workload
 from tvm.s_tir.meta_schedule.relax_integration import extract_tasks as ms_extract_tasks
 
-from edgetune.compile import compile_model
+from edgetune.compile import compile_library, compile_model
 from edgetune.frontend.onnx import fuse_for_tuning
 from edgetune.frontend.winograd import WinogradPolicy
 from edgetune.runtime import in_turns
@@ -311,18 +312,20 @@ class RankCost:
 def rank_cost(relax_mod: tvm.IRModule, target: tvm.target.Target, database: Database, inputs: list[np.ndarray],
               device: tvm.runtime.Device, winograd: WinogradPolicy | None = None, runs: int = 30,
               before_timing: Callable[[], object] | None = None) -> RankCost:
-    """The model compiled with the database's best schedules and its kernels timed inside it, as
-    `select_schedules` does per rank. A tuning budget keeps this much per candidate rank, and the stages
+    """The model compiled with the database's best schedules (as the final compile compiles it: `compile_library`,
+    then loaded) and its kernels timed inside it, as `select_schedules` does per rank. A tuning budget keeps this much per candidate rank, and the stages
     after the comparison one compile per model they still have to compile. `before_timing` is called between
     the compile and the timing (and not counted): what ran beside the compile ends there."""
     started = time.monotonic()
     workload_of: dict[str, Workload] = {}
-    executable = compile_model(relax_mod, target, database, winograd)
+    with tempfile.TemporaryDirectory(prefix="edgetune-rank-") as scratch:  # compiled as the final compile is
+        library = tvm.runtime.load_module(str(compile_library(relax_mod, target, database, Path(scratch) / "model.so",
+                                                              winograd)))
     compile_s = time.monotonic() - started
     if before_timing is not None:
         before_timing()
     compiled = time.monotonic()
-    model = _TimedModel(executable, device, [tvm.runtime.tensor(x, device) for x in inputs], workload_of)
+    model = _TimedModel(library, device, [tvm.runtime.tensor(x, device) for x in inputs], workload_of)
     model.kernel_times(runs)
     run_s = time.monotonic() - compiled
     return RankCost(compile_s=compile_s, run_s=run_s, inference_s=model.inference_seconds(_PLAIN_CALLS))

@@ -6,7 +6,9 @@ folds each such call by compiling the function with LLVM and running it: on a 2-
 31 packings took 6.6 s of every compile of the model. A packing only moves values (`out[f(i)] = in[g(i)]`
 under plain loops), so it is evaluated here as numpy index arithmetic. Anything else a function does (a
 padding branch, an arithmetic op, a reduction, a symbolic extent) leaves its call to FoldConstant, as before,
-and so does a copy that does not write every element of its outputs exactly once.
+and so does a copy that writes an element twice. Elements a copy leaves unwritten (a packed layout's padding)
+are zero, where FoldConstant's constants held whatever the allocation held, so that two compiles of the same
+records gave different libraries.
 """
 
 from __future__ import annotations
