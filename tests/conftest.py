@@ -76,6 +76,42 @@ LEAN_PACKAGE = "\npackage:\n  thread_wait: spin"
 The session's tiny build keeps the defaults: its tests check the in-model comparison and the threads' wait."""
 
 
+def main_constants(mod) -> list:
+    """The tensor constants of a relax module's `main`, as numpy arrays, in the order its visit meets them."""
+    import tvm
+    from tvm import relax
+
+    constants: list = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: constants.append(e.value.numpy()) if isinstance(
+        e, tvm.ir.GenericConst) and hasattr(e.value, "numpy") else None)
+    return constants
+
+
+def tiny_build_inputs(directory: Path) -> tuple:
+    """The `tiny_build` fixture's model (loaded), its relax module, its target and its record store."""
+    from edgetune.frontend.onnx import load_model, to_relax
+    from edgetune.pipeline import record_locations
+    from edgetune.profiles import resolve_profile
+    from edgetune.recipe import load_recipe
+    from edgetune.tuning.database.store import RecordStore
+
+    recipe = load_recipe(directory / "tiny.yaml")
+    target = resolve_profile(recipe.fleet[0].profile, None).tvm_target()
+    store = RecordStore(record_locations(recipe)[recipe.fleet[0].name].directory)
+    model = load_model(zoo="tiny_cnn", onnx_path=None, input_shapes=None)
+    return model, to_relax(model), target, store
+
+
+def library_outputs(library: Path, model):
+    """What an exported library computes on the model's sample inputs, on this machine's CPU."""
+    import tvm
+    from tvm import relax
+
+    machine = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu())
+    sample = model.sample_inputs()
+    return machine["main"](*[tvm.runtime.tensor(sample[i.name]) for i in model.inputs]).numpy()
+
+
 def run_edgetune(*args: str, cwd: Path | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
     """The installed command, as a user runs it."""
     return subprocess.run(

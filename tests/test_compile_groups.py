@@ -10,37 +10,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-
-def _tiny_build_inputs(directory: Path):
-    from edgetune.frontend.onnx import load_model, to_relax
-    from edgetune.pipeline import record_locations
-    from edgetune.profiles import resolve_profile
-    from edgetune.recipe import load_recipe
-    from edgetune.tuning.database.store import RecordStore
-
-    recipe = load_recipe(directory / "tiny.yaml")
-    target = resolve_profile(recipe.fleet[0].profile, None).tvm_target()
-    store = RecordStore(record_locations(recipe)[recipe.fleet[0].name].directory)
-    model = load_model(zoo="tiny_cnn", onnx_path=None, input_shapes=None)
-    return model, to_relax(model), target, store
+from conftest import library_outputs, tiny_build_inputs
 
 
 def _compile_in_a_daemon(directory: str, path: str) -> None:
     """What build/untuned.py's compile apart does: compile_library in a daemon process, which may start none."""
     from edgetune.compile import compile_library
 
-    _, relax_mod, target, store = _tiny_build_inputs(Path(directory))
+    _, relax_mod, target, store = tiny_build_inputs(Path(directory))
     compile_library(relax_mod, target, store.database, Path(path))
-
-
-def _outputs(library: Path, model) -> np.ndarray:
-    import tvm
-    from tvm import relax
-
-    machine = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu())
-    sample = model.sample_inputs()
-    return machine["main"](*[tvm.runtime.tensor(sample[i.name]) for i in model.inputs]).numpy()
 
 
 @pytest.mark.slow
@@ -58,10 +36,10 @@ def test_kernels_built_in_groups_compute_what_one_build_computes_and_give_the_sa
     monkeypatch.setattr(isolated, "processes_with", lambda environments: started.append(len(environments))
                         or processes_with(environments))
     directory, _ = tiny_build
-    model, relax_mod, target, store = _tiny_build_inputs(directory)
+    model, relax_mod, target, store = tiny_build_inputs(directory)
     grouped = compiling.compile_library(relax_mod, target, store.database, tmp_path / "grouped.so")
     whole = compiling.export_library(compiling.compile_model(relax_mod, target, store.database), tmp_path / "one.so")
-    assert np.array_equal(_outputs(grouped, model), _outputs(whole, model))
+    assert np.array_equal(library_outputs(grouped, model), library_outputs(whole, model))
     assert started == [compiling.KERNEL_GROUPS - 1]  # a second process built a group
 
     again = compiling.compile_library(relax_mod, target, store.database, tmp_path / "again.so")

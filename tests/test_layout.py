@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import save_image_model
+from conftest import main_constants, save_image_model
 from onnx import helper, numpy_helper
 
 from edgetune.frontend.onnx import LoadedModel, fuse_for_tuning, to_relax
@@ -75,8 +75,8 @@ def test_channels_last_model_computes_what_onnx_runtime_does(block) -> None:
     import tvm
 
     from edgetune.compile import compile_model
-    from edgetune.runtime import run
     from edgetune.reference import ReferenceRuntime
+    from edgetune.runtime import run
 
     target = resolve_profile("host", None).tvm_target()
     x = block.sample_inputs()
@@ -134,19 +134,9 @@ def test_constant_reshapes_fold_at_import_to_what_fold_constant_gives(block, mon
     assert _assert_same_constants(folded, unfolded) == 8  # two weights, two biases, four Clip bounds
 
 
-def _constants(mod) -> list[np.ndarray]:
-    import tvm
-    from tvm import relax
-
-    constants: list[np.ndarray] = []
-    relax.analysis.post_order_visit(mod["main"], lambda e: constants.append(e.value.numpy()) if isinstance(
-        e, tvm.ir.GenericConst) and hasattr(e.value, "numpy") else None)
-    return constants
-
-
 def _assert_same_constants(ours, theirs) -> int:
     """The constants of the two modules' main functions are equal in dtype, shape and value; how many."""
-    mine, others = _constants(ours), _constants(theirs)
+    mine, others = main_constants(ours), main_constants(theirs)
     assert len(mine) == len(others)
     for a, b in zip(mine, others):
         assert (a.dtype, a.shape) == (b.dtype, b.shape) and np.array_equal(a, b, equal_nan=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import library_outputs, main_constants, tiny_build_inputs
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
@@ -52,16 +53,6 @@ def _packing_module():
     return Module
 
 
-def _constants(mod) -> list[np.ndarray]:
-    import tvm
-    from tvm import relax
-
-    constants: list[np.ndarray] = []
-    relax.analysis.post_order_visit(mod["main"], lambda e: constants.append(e.value.numpy()) if isinstance(
-        e, tvm.ir.GenericConst) and hasattr(e.value, "numpy") else None)
-    return constants
-
-
 def _expected_packing() -> tuple[np.ndarray, np.ndarray]:
     """The packing written out by hand: weight_packed[a, b, c, d, e] = weight[c * 16 + d, a * 32 + b * 16 + e]."""
     bias = np.zeros(128, dtype="float32")
@@ -85,7 +76,7 @@ def test_a_packing_folds_to_the_values_fold_constant_computes_and_its_function_g
     assert "pack" not in [gv.name_hint for gv in ours.get_global_vars()]  # FoldConstant leaves it, unused
     assert "pack" in [gv.name_hint for gv in theirs.get_global_vars()]
     assert ours["main"].script() == theirs["main"].script()
-    (bias, weight), (their_bias, their_weight) = _constants(ours), _constants(theirs)
+    (bias, weight), (their_bias, their_weight) = main_constants(ours), main_constants(theirs)
     expected_bias, expected_weight = _expected_packing()
     assert weight.dtype == expected_weight.dtype and np.array_equal(weight, expected_weight)
     assert np.array_equal(their_weight, expected_weight)
@@ -97,7 +88,7 @@ def test_a_packing_folds_to_the_values_fold_constant_computes_and_its_function_g
 def test_grids_taken_in_chunks_give_the_same_values(monkeypatch) -> None:
     """The weight's 384x96 grid in chunks of 192 points: the 96-long loop whole, the 384-long one in pairs."""
     monkeypatch.setattr(weight_packing, "GRID_CHUNK_POINTS", 200)
-    bias, weight = _constants(_folded(_packing_module()))
+    bias, weight = main_constants(_folded(_packing_module()))
     expected_bias, expected_weight = _expected_packing()
     assert np.array_equal(bias, expected_bias) and np.array_equal(weight, expected_weight)
 
@@ -169,7 +160,7 @@ def test_what_is_not_a_plain_copy_is_left_to_fold_constant(kernel) -> None:
 def test_a_copy_with_arithmetic_indices_folds() -> None:
     folded = weight_packing.fold_weight_packing(_single_copy_module(_reversed))
     assert "call_tir" not in folded["main"].script()
-    assert np.array_equal(_constants(folded)[-1], np.arange(8, dtype="float32")[::-1])
+    assert np.array_equal(main_constants(folded)[-1], np.arange(8, dtype="float32")[::-1])
 
 
 @pytest.mark.slow
@@ -178,36 +169,22 @@ def test_a_tuned_model_compiles_to_the_same_outputs_with_its_packings_folded_in_
     """The session's tiny build's records (tuned schedules that pack weights): compiled with the packings folded
     here and with FoldConstant folding them, the model gives identical outputs, and only FoldConstant's library
     keeps the packing functions."""
-    import tvm
-    from tvm import relax
-
     from edgetune import compile as compiling
-    from edgetune.frontend.onnx import load_model, to_relax
-    from edgetune.pipeline import record_locations
-    from edgetune.profiles import resolve_profile
-    from edgetune.recipe import load_recipe
-    from edgetune.tuning.database.store import RecordStore
 
-    directory, _ = tiny_build
-    recipe = load_recipe(directory / "tiny.yaml")
-    target = resolve_profile(recipe.fleet[0].profile, None).tvm_target()
-    store = RecordStore(record_locations(recipe)[recipe.fleet[0].name].directory)
-    model = load_model(zoo="tiny_cnn", onnx_path=None, input_shapes=None)
+    model, relax_mod, target, store = tiny_build_inputs(tiny_build[0])
     folded_copies = []
     evaluate = weight_packing.evaluate_copy
     monkeypatch.setattr(weight_packing, "evaluate_copy", lambda *args: folded_copies.append(evaluate(*args))
                         or folded_copies[-1])
-    ours = compiling.compile_model(to_relax(model), target, store.database)
+    ours = compiling.compile_model(relax_mod, target, store.database)
     assert folded_copies and all(outputs is not None for outputs in folded_copies)
     monkeypatch.setattr(compiling, "fold_weight_packing", lambda mod: mod)
-    theirs = compiling.compile_model(to_relax(model), target, store.database)
+    theirs = compiling.compile_model(relax_mod, target, store.database)
 
-    sample = model.sample_inputs()
     outputs = []
     for executable, label in ((ours, "ours"), (theirs, "theirs")):
         library = compiling.export_library(executable, tmp_path / f"{label}.so")
-        machine = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu())
-        outputs.append(machine["main"](*[tvm.runtime.tensor(sample[i.name]) for i in model.inputs]).numpy())
+        outputs.append(library_outputs(library, model))
         symbols = [name for name in library.read_bytes().split(b"\0") if name.endswith(b"_weight_prepack")]
         assert bool(symbols) == (label == "theirs")
     assert np.array_equal(outputs[0], outputs[1])
