@@ -7,8 +7,10 @@ go through edgetune's CandidateBuilder and LocalCandidateRunner on one pool of w
 draft-verify sends them, once per variant and round, the variants in turns:
 - `tar-64`: TVM's default `.tar` export (the runner links each candidate as it loads it), workers replaced
   every 64 jobs (edgetune before 2026-11-27);
-- `so-64`: linked into a shared object by the builder's workers, the runner only loads it;
-- `so-256`: that, with workers replaced every 256 jobs (edgetune's default).
+- `so-64`: linked into a shared object by the builder's workers (by `g++ -shared`), the runner only loads it;
+- `so-256`: that, with workers replaced every 256 jobs (edgetune before 2026-12-06);
+- `ld-256`: that, linked by `ld` without the compiler driver (edgetune's default: `link_for_this_machine`).
+`--variants` picks some (the first is the base of the ratios).
 Prints each variant's seconds per round, the workers' peak resident size, and the time against `tar-64`'s.
 The main process's schedule replays are not timed: each variant gets the same scheduled modules.
 """
@@ -27,7 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e  # noqa: F401  (sets the thread counts first)
 
-VARIANTS = {"tar-64": (False, 64), "so-64": (True, 64), "so-256": (True, 256)}
+VARIANTS = {"tar-64": (False, 64, None), "so-64": (True, 64, "g++"), "so-256": (True, 256, "g++"),
+            "ld-256": (True, 256, None)}
+"""(linked by the builder, jobs per worker, the builder's linker: a compiler command, None for edgetune's own)"""
 BATCH = 16
 
 
@@ -85,7 +89,8 @@ def peak_rss_mb(pool) -> int:
     return max(sizes, default=0)
 
 
-def run_variant(modules: list, target, links_in_builder: bool, uses: int) -> tuple[float, int, int]:
+def run_variant(modules: list, target, links_in_builder: bool, uses: int, linker: str | None
+                ) -> tuple[float, int, int]:
     """(seconds, the workers' peak RSS in MB, failures) for every module built and timed in batches."""
     import shutil
     from os.path import dirname
@@ -102,7 +107,7 @@ def run_variant(modules: list, target, links_in_builder: bool, uses: int) -> tup
 
     use_cpu_threads(2)
     workers = WorkerPool(2, timeout=None, uses_per_worker=uses)
-    builder = linking_builder(2, None, pool=workers) if links_in_builder else CandidateBuilder(2, pool=workers)
+    builder = linking_builder(2, linker, pool=workers) if links_in_builder else CandidateBuilder(2, pool=workers)
     runner = LocalCandidateRunner(timing("cpu"), pool=workers, cpu_threads=2)
     started, peak, failed = time.perf_counter(), 0, 0
     try:
@@ -126,19 +131,20 @@ def main() -> int:
     parser.add_argument("store", type=Path, help="a target's record store of a build for this machine")
     parser.add_argument("--candidates", type=int, default=320)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     args = parser.parse_args()
     modules, target = measured_modules(args.store, args.candidates)
     print(f"{len(modules)} candidates measured in {args.store}, batches of {BATCH}", flush=True)
-    seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    peaks: dict[str, int] = dict.fromkeys(VARIANTS, 0)
+    seconds: dict[str, list[float]] = {name: [] for name in args.variants}
+    peaks: dict[str, int] = dict.fromkeys(args.variants, 0)
     for round_index in range(args.rounds):
-        for name, (links_in_builder, uses) in VARIANTS.items():
-            wall, peak, failed = run_variant(modules, target, links_in_builder, uses)
+        for name in args.variants:
+            wall, peak, failed = run_variant(modules, target, *VARIANTS[name])
             seconds[name].append(wall)
             peaks[name] = max(peaks[name], peak)
             print(f"  round {round_index + 1}: {name} {wall:.1f} s (peak {peak} MB, {failed} failed)", flush=True)
-    base = statistics.median(seconds["tar-64"])
-    print(f"{'variant':10s} {'median s':>9s} {'spread s':>13s} {'peak MB':>8s} {'vs tar-64':>10s}")
+    base = statistics.median(seconds[args.variants[0]])
+    print(f"{'variant':10s} {'median s':>9s} {'spread s':>13s} {'peak MB':>8s} {'vs ' + args.variants[0]:>10s}")
     for name, walls in seconds.items():
         median = statistics.median(walls)
         print(f"{name:10s} {median:9.1f} {min(walls):6.1f}-{max(walls):<6.1f} {peaks[name]:8d} {median / base:9.3f}x")
