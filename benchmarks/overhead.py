@@ -10,9 +10,11 @@ default, and sleeping, as `io.json`'s `cpu_thread_spin_count: 0` ships them), wh
 figure is per inference and, for CPU time, divided by the threads, so that the parts add up to the wall time: the
 kernels, TVM's runtime (the VM, its thread pool, the allocator), the operating system (waking and yielding
 threads, page faults), and the time no thread ran (a thread waiting for a wake-up, or for the other's share of a
-loop). `--summary` (a build's summary.json) adds each tuned task's time (its best, times the calls per inference of every
-kernel sharing its schedule: listed beside the task's own kernel, so compare the sums). The VM's instrument hook (`layers.py`) costs each call a Python round trip: on a MobileNet-V2 its
-profiled total was 31% over the plain time; sampling at 2000 Hz interrupts each thread every 0.5 ms instead.
+loop). `--summary` (a build's summary.json) adds each tuned task's time (its best, times the calls per inference
+of every kernel sharing its schedule: listed beside the task's own kernel, so compare the sums). The VM's
+instrument hook (`layers.py`) costs each call a Python round trip: on a MobileNet-V2 its profiled total was 31%
+over the plain time; sampling at 2000 Hz interrupts each thread every 0.5 ms instead. Samples are counted, not
+read as perf's rounded percentages (see `sampled_counts`).
 """
 
 from __future__ import annotations
