@@ -59,7 +59,7 @@ def compile_library(mod: tvm.IRModule, target: tvm.target.Target, database: Data
     # a small model, or a daemon process (build/untuned.py's compile apart, which may start none), builds every
     # group here: the same groups, the same bytes
     helpers = KERNEL_GROUPS - 1
-    if multiprocessing.current_process().daemon or _operator_calls(mod) < HELPED_MIN_OPERATORS:
+    if multiprocessing.current_process().daemon or operator_calls(mod) < HELPED_MIN_OPERATORS:
         helpers = 0
     with tempfile.TemporaryDirectory(prefix="edgetune-kernels-") as scratch, processes_with(
             [{}] * helpers) as pools:
@@ -81,8 +81,9 @@ def compile_library(mod: tvm.IRModule, target: tvm.target.Target, database: Data
         return export_library(executable, path, cross_compiler)
 
 
-def _operator_calls(mod: tvm.IRModule) -> int:
-    """How many operators the model calls: about how many kernels it compiles to, known before its passes run."""
+def operator_calls(mod: tvm.IRModule) -> int:
+    """How many operators the model calls: about how many kernels it compiles to, known before its passes run (what
+    decides whether another process's start pays off: here and in build/untuned.py)."""
     calls = [0]
 
     def count(expr: relax.Expr) -> None:

@@ -110,19 +110,9 @@ def compile_apart_pays(relax_mod: Any, weight_bytes: int) -> bool:
     """Whether the model's compile takes longer than starting a process for it (APART_MIN_CALLS)."""
     if weight_bytes >= APART_MIN_WEIGHT_BYTES:
         return True
-    from tvm import relax
+    from edgetune.compile import operator_calls
 
-    calls = 0
-
-    def count(expr: Any) -> None:
-        nonlocal calls
-        if isinstance(expr, relax.Call):
-            calls += 1
-
-    for function in relax_mod.functions.values():
-        if isinstance(function, relax.Function):
-            relax.analysis.post_order_visit(function.body, count)
-    return calls >= APART_MIN_CALLS
+    return operator_calls(relax_mod) >= APART_MIN_CALLS
 
 
 def free_memory_bytes() -> int:
