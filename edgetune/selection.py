@@ -315,8 +315,8 @@ def rank_cost(relax_mod: tvm.IRModule, target: tvm.target.Target, database: Data
     """The model compiled with the database's best schedules (as the final compile compiles it: `compile_library`,
     then loaded) and its kernels timed inside it, as `select_schedules` does per rank. A tuning budget keeps this
     much per candidate rank, and the stages after the comparison one compile per model they still have to
-    compile. `before_timing` is called between
-    the compile and the timing (and not counted): what ran beside the compile ends there."""
+    compile. `before_timing` is called between the compile and the timing (and not counted): what ran beside the
+    compile ends there."""
     started = time.monotonic()
     workload_of: dict[str, Workload] = {}
     with tempfile.TemporaryDirectory(prefix="edgetune-rank-") as scratch:  # compiled as the final compile is
