@@ -143,6 +143,16 @@ def profile_way(way: str, args: argparse.Namespace, scratch: Path) -> Breakdown:
     return breakdown(way, wall_ms, args.seconds, int(os.environ["TVM_NUM_THREADS"]), counts)
 
 
+def add_model_source(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The artifact and the model it was built from: the main process's options, passed on to the child as they are."""
+    parser.add_argument("artifact", type=Path, help="a build's artifact directory (the one holding model.so)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="the zoo model the artifact was built from")
+    source.add_argument("--onnx", type=Path, help="the ONNX file the artifact was built from")
+    parser.add_argument("--input-shapes", help='e.g. {"x": [1, 3, 224, 224]}')
+    return parser
+
+
 def run_child(run_s: float, model_argv: list[str]) -> None:
     """The child: load the model, say "warm" after a few calls, call it for `run_s` seconds, print the median."""
     import numpy as np
@@ -151,13 +161,9 @@ def run_child(run_s: float, model_argv: list[str]) -> None:
     from edgetune.frontend.onnx import load_model
     from edgetune.runtime import load_library
 
-    source = argparse.ArgumentParser()
-    source.add_argument("artifact", type=Path)
-    source.add_argument("--model")
-    source.add_argument("--onnx", type=Path)
-    source.add_argument("--input-shapes", type=json.loads, default=None)
-    known = source.parse_args(model_argv)
-    model = load_model(zoo=known.model, onnx_path=known.onnx, input_shapes=known.input_shapes)
+    known = add_model_source(argparse.ArgumentParser()).parse_args(model_argv)
+    model = load_model(zoo=known.model, onnx_path=known.onnx,
+                       input_shapes=json.loads(known.input_shapes) if known.input_shapes else None)
     feed = model.sample_inputs()
     vm = load_library(known.artifact / "model.so", tvm.cpu(0))
     inputs = [tvm.runtime.tensor(feed[i.name], tvm.cpu(0)) for i in model.inputs]
@@ -204,12 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--child":
         run_child(float(argv[1]), argv[2:])
         return 0
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("artifact", type=Path, help="a build's artifact directory (the one holding model.so)")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help="the zoo model the artifact was built from")
-    source.add_argument("--onnx", type=Path, help="the ONNX file the artifact was built from")
-    parser.add_argument("--input-shapes", help='e.g. {"x": [1, 3, 224, 224]}')
+    parser = add_model_source(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
     parser.add_argument("--summary", type=Path, help="the build's summary.json: each kernel's tuned time beside")
     parser.add_argument("--ways", nargs="+", choices=list(WAYS), default=list(WAYS))
     parser.add_argument("--seconds", type=float, default=8.0, help="sampled per way")
