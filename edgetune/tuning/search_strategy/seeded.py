@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import tvm_ffi
+from tvm.ir import IRModule
 from tvm.ir.utils import derived_object
 from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
@@ -42,14 +43,8 @@ class SeededSearch(PySearchStrategy):
             database.get_top_k(database.commit_workload(mod), 1)) > 0
         seeds = self.seeds.get(tvm_ffi.structural_hash(mod), [])
         if not resumed and taken < len(seeds):
-            postprocs = list(self.context.space_generator.postprocs)
-            programs: set[int] = set()
-            for i, seed in enumerate(seeds):
-                schedule = seed.replay(mod, postprocs, seed=i + 1)
-                if schedule is not None and tvm_ffi.structural_hash(schedule.mod) not in programs:
-                    programs.add(tvm_ffi.structural_hash(schedule.mod))
-                    self.queue.append(schedule)
-            self.queue = _balanced_where_possible(self.queue, int(self.context.num_threads))
+            self.queue = measurable_seeds(mod, seeds, list(self.context.space_generator.postprocs),
+                                          int(self.context.num_threads))
         self.queue = self.queue[taken:][: int(max_trials)]
         self.seeding = False
         self.inner.pre_tuning(int(max_trials) - len(self.queue), num_trials_per_iter, design_spaces, database,
@@ -78,6 +73,20 @@ class SeededSearch(PySearchStrategy):
 
     def clone(self) -> SeededSearch:
         return SeededSearch(self.inner.clone(), self.seeds, self.stats)
+
+
+def measurable_seeds(mod: IRModule, seeds: list[SiblingSchedule], postprocs: list, cores: int) -> list[Schedule]:
+    """The task's seeds a build measures, best first: those that replay here, one of each program (two traces
+    may post-process to the same one), without those that leave cores idle (`_balanced_where_possible`). A task
+    may so measure fewer seeds than the siblings hold; its rounds' search takes the trials left."""
+    schedules: list[Schedule] = []
+    programs: set[int] = set()
+    for i, seed in enumerate(seeds):
+        schedule = seed.replay(mod, postprocs, seed=i + 1)
+        if schedule is not None and tvm_ffi.structural_hash(schedule.mod) not in programs:
+            programs.add(tvm_ffi.structural_hash(schedule.mod))
+            schedules.append(schedule)
+    return _balanced_where_possible(schedules, cores)
 
 
 def _balanced_where_possible(schedules: list[Schedule], cores: int) -> list[Schedule]:
