@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from artifact_source import add_artifact_source, load_source_model, source_argv
 from busy_machine import cpu_hogs
 
 from edgetune.runtime import SPIN_COUNT_ENV
@@ -45,12 +46,10 @@ def child(args: argparse.Namespace) -> None:
     import tvm
     from timing import sample_calls
 
-    from edgetune.frontend.onnx import load_model
     from edgetune.reference import ReferenceRuntime
     from edgetune.runtime import load_library
 
-    model = load_model(zoo=args.model, onnx_path=args.onnx,
-                       input_shapes=json.loads(args.input_shapes) if args.input_shapes else None)
+    model = load_source_model(args)
     x = model.sample_inputs()[model.inputs[0].name]
     if args.child == ORT:
         session = ReferenceRuntime(model)._session(2)
@@ -71,9 +70,7 @@ def systems(spin_counts: list[int]) -> dict[str, dict[str, str]]:
 
 def time_in_child(args: argparse.Namespace, system: str) -> float:
     child_kind = ORT if system == ORT else "tvm"
-    command = [sys.executable, __file__, str(args.artifact), "--child", child_kind, "--seconds", str(args.seconds)]
-    command += ["--model", args.model] if args.model else ["--onnx", str(args.onnx)]
-    command += ["--input-shapes", args.input_shapes] if args.input_shapes else []
+    command = [sys.executable, __file__, *source_argv(args), "--child", child_kind, "--seconds", str(args.seconds)]
     environment = {**os.environ, **systems(args.spin_counts)[system]}
     done = subprocess.run(command, check=False, capture_output=True, text=True, env=environment)
     if done.returncode != 0:
@@ -95,12 +92,8 @@ def under_load(args: argparse.Namespace, load: str) -> dict[str, list[float]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("artifact", type=Path, help="a build's artifact directory (the one holding model.so)")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help="the zoo model the artifact was built from")
-    source.add_argument("--onnx", type=Path, help="the ONNX file the artifact was built from")
-    parser.add_argument("--input-shapes", help='e.g. {"x": [1, 3, 224, 224]}')
+    parser = add_artifact_source(argparse.ArgumentParser(description=__doc__,
+                                                         formatter_class=argparse.RawDescriptionHelpFormatter))
     parser.add_argument("--hogs", type=int, default=1, help="busy loops beside the timing")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=2.0, help="of calls per timing")

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from artifact_source import add_artifact_source, checked_artifact, load_source_model
 from timing import interleaved_rounds, kernel_calls
 
 
@@ -140,12 +141,7 @@ def profile_drift(rows: list[dict[str, Any]], plain_ms: dict[str, float]) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("artifact", type=Path, help="a build's artifact directory (the one holding model.so)")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help="the zoo model the artifact was built from")
-    source.add_argument("--onnx", type=Path, help="the ONNX file the artifact was built from")
-    parser.add_argument("--input-shapes", type=json.loads, default=None, help='e.g. {"x": [1, 3, 224, 224]}')
+    parser = add_artifact_source(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
     parser.add_argument("--threads", type=int, default=int(_threads))
     parser.add_argument("--runs", type=int, default=20, help="profiled inferences per side")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds of plain timing")
@@ -153,18 +149,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads != int(os.environ["TVM_NUM_THREADS"]):
         raise SystemExit(f"--threads {args.threads}: run with E2E_THREADS={args.threads} so TVM's pool uses it")
-    if not (args.artifact / "model.so").is_file():
-        raise SystemExit(f"{args.artifact}: no model.so (give the artifact directory of a build)")
+    library = checked_artifact(args)
 
     import tvm
 
-    from edgetune.frontend.onnx import load_model
     from edgetune.reference import ReferenceRuntime
     from edgetune.runtime import load_library
 
-    model = load_model(zoo=args.model, onnx_path=args.onnx, input_shapes=args.input_shapes)
+    model = load_source_model(args)
     feed = model.sample_inputs()
-    vm = load_library(args.artifact / "model.so", tvm.cpu(0))
+    vm = load_library(library, tvm.cpu(0))
     tvm_args = [tvm.runtime.tensor(feed[i.name], tvm.cpu(0)) for i in model.inputs]
     session = ReferenceRuntime(model)._session(args.threads)
     runners: dict[str, Callable[[], Any]] = {"edgetune": lambda: vm["main"](*tvm_args),

@@ -36,6 +36,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from artifact_source import add_artifact_source, checked_artifact, load_source_model, source_argv
+
 WAYS = {"spin": None, "sleep": "0"}
 """TVM_THREAD_POOL_SPIN_COUNT per way its threads wait (None: TVM's default, which spins)."""
 SAMPLES_PER_S = 2000
@@ -143,27 +146,15 @@ def profile_way(way: str, args: argparse.Namespace, scratch: Path) -> Breakdown:
     return breakdown(way, wall_ms, args.seconds, int(os.environ["TVM_NUM_THREADS"]), counts)
 
 
-def add_model_source(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The artifact and the model it was built from: the main process's options, passed on to the child as they are."""
-    parser.add_argument("artifact", type=Path, help="a build's artifact directory (the one holding model.so)")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help="the zoo model the artifact was built from")
-    source.add_argument("--onnx", type=Path, help="the ONNX file the artifact was built from")
-    parser.add_argument("--input-shapes", help='e.g. {"x": [1, 3, 224, 224]}')
-    return parser
-
-
 def run_child(run_s: float, model_argv: list[str]) -> None:
     """The child: load the model, say "warm" after a few calls, call it for `run_s` seconds, print the median."""
     import numpy as np
     import tvm
 
-    from edgetune.frontend.onnx import load_model
     from edgetune.runtime import load_library
 
-    known = add_model_source(argparse.ArgumentParser()).parse_args(model_argv)
-    model = load_model(zoo=known.model, onnx_path=known.onnx,
-                       input_shapes=json.loads(known.input_shapes) if known.input_shapes else None)
+    known = add_artifact_source(argparse.ArgumentParser()).parse_args(model_argv)
+    model = load_source_model(known)
     feed = model.sample_inputs()
     vm = load_library(known.artifact / "model.so", tvm.cpu(0))
     inputs = [tvm.runtime.tensor(feed[i.name], tvm.cpu(0)) for i in model.inputs]
@@ -210,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--child":
         run_child(float(argv[1]), argv[2:])
         return 0
-    parser = add_model_source(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
+    parser = add_artifact_source(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
     parser.add_argument("--summary", type=Path, help="the build's summary.json: each kernel's tuned time beside")
     parser.add_argument("--ways", nargs="+", choices=list(WAYS), default=list(WAYS))
     parser.add_argument("--seconds", type=float, default=8.0, help="sampled per way")
@@ -218,10 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if shutil.which("perf") is None or shutil.which("nm") is None:
         raise SystemExit("needs Linux `perf` and `nm` (apt-get install linux-perf binutils)")
-    if not (args.artifact / "model.so").is_file():
-        raise SystemExit(f"{args.artifact}: no model.so (give the artifact directory of a build)")
-    args.model_argv = [str(args.artifact), *(["--model", args.model] if args.model else ["--onnx", str(args.onnx)]),
-                       *(["--input-shapes", args.input_shapes] if args.input_shapes else [])]
+    checked_artifact(args)
+    args.model_argv = source_argv(args)
     with tempfile.TemporaryDirectory(prefix="edgetune-overhead-") as scratch:
         ways = [profile_way(way, args, Path(scratch)) for way in args.ways]
     print_report(ways, tuned_us(args.summary), args.top)
