@@ -240,6 +240,23 @@ def _seeds_kept(task, siblings, profile) -> int:
     return len(measurable_seeds(task.mod, seeds, postprocs, profile.hardware.cores))
 
 
+@pytest.mark.slow
+def test_a_seed_two_siblings_share_is_measured_once(conv_sibling):
+    """Two siblings may hold the same schedule (one tuned from the other's records): the build measures it once,
+    and the seeds after it keep their places."""
+    import tvm_ffi
+
+    from edgetune.tuning.search_strategy.seeded import measurable_seeds
+    from edgetune.tuning.transfer.siblings import load_sibling_seeds, tuning_context
+
+    task, profile, sibling = conv_sibling
+    seeds = load_sibling_seeds({"sibling": sibling.directory}, [task]).seeds[tvm_ffi.structural_hash(task.mod)]
+    postprocs = list(tuning_context(task, profile.tvm_target(), profile.hardware.cores).space_generator.postprocs)
+    alone = measurable_seeds(task.mod, seeds, postprocs, profile.hardware.cores)
+    shared = measurable_seeds(task.mod, [seeds[0], *seeds], postprocs, profile.hardware.cores)
+    assert [str(s.trace) for s in shared] == [str(s.trace) for s in alone]
+
+
 def _traces(store: RecordStore, task) -> set[str]:
     """The schedules a store holds for a task, as text."""
     return {str(record.trace) for record in store.database.get_top_k(store.database.commit_workload(task.mod), 100)}
