@@ -37,7 +37,10 @@ def load_source_model(args: argparse.Namespace) -> LoadedModel:
     """The model the options name, loaded as the build loaded it."""
     from edgetune.frontend.onnx import load_model
 
-    shapes = json.loads(args.input_shapes) if args.input_shapes else None
+    try:
+        shapes = json.loads(args.input_shapes) if args.input_shapes else None
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"--input-shapes: not JSON ({exc}); e.g. {{\"x\": [1, 3, 224, 224]}}") from None
     return load_model(zoo=args.model, onnx_path=args.onnx, input_shapes=shapes)
 
 
