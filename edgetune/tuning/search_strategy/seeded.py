@@ -83,8 +83,9 @@ def measurable_seeds(mod: IRModule, seeds: list[SiblingSchedule], postprocs: lis
     programs: set[int] = set()
     for i, seed in enumerate(seeds):
         schedule = seed.replay(mod, postprocs, seed=i + 1)
-        if schedule is not None and tvm_ffi.structural_hash(schedule.mod) not in programs:
-            programs.add(tvm_ffi.structural_hash(schedule.mod))
+        program = tvm_ffi.structural_hash(schedule.mod) if schedule is not None else None
+        if program is not None and program not in programs:
+            programs.add(program)
             schedules.append(schedule)
     return _balanced_where_possible(schedules, cores)
 
