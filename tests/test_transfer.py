@@ -232,12 +232,16 @@ def _seeds_kept(task, siblings, profile) -> int:
     keeping the cores busy (a sibling's 4 best may hold a single-threaded one, or two traces of one program)."""
     import tvm_ffi
 
+    return len(_measured_seeds(task, siblings.seeds[tvm_ffi.structural_hash(task.mod)], profile))
+
+
+def _measured_seeds(task, seeds, profile) -> list:
+    """`measurable_seeds` of `seeds`, replayed with the task's postprocessors on the profile's cores."""
     from edgetune.tuning.search_strategy.seeded import measurable_seeds
     from edgetune.tuning.transfer.siblings import tuning_context
 
     postprocs = list(tuning_context(task, profile.tvm_target(), profile.hardware.cores).space_generator.postprocs)
-    seeds = siblings.seeds[tvm_ffi.structural_hash(task.mod)]
-    return len(measurable_seeds(task.mod, seeds, postprocs, profile.hardware.cores))
+    return measurable_seeds(task.mod, seeds, postprocs, profile.hardware.cores)
 
 
 @pytest.mark.slow
@@ -246,14 +250,12 @@ def test_a_seed_two_siblings_share_is_measured_once(conv_sibling):
     and the seeds after it keep their places."""
     import tvm_ffi
 
-    from edgetune.tuning.search_strategy.seeded import measurable_seeds
-    from edgetune.tuning.transfer.siblings import load_sibling_seeds, tuning_context
+    from edgetune.tuning.transfer.siblings import load_sibling_seeds
 
     task, profile, sibling = conv_sibling
     seeds = load_sibling_seeds({"sibling": sibling.directory}, [task]).seeds[tvm_ffi.structural_hash(task.mod)]
-    postprocs = list(tuning_context(task, profile.tvm_target(), profile.hardware.cores).space_generator.postprocs)
-    alone = measurable_seeds(task.mod, seeds, postprocs, profile.hardware.cores)
-    shared = measurable_seeds(task.mod, [seeds[0], *seeds], postprocs, profile.hardware.cores)
+    alone = _measured_seeds(task, seeds, profile)
+    shared = _measured_seeds(task, [seeds[0], *seeds], profile)
     assert [str(s.trace) for s in shared] == [str(s.trace) for s in alone]
 
 
