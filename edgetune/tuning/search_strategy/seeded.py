@@ -83,8 +83,10 @@ def measurable_seeds(mod: IRModule, seeds: list[SiblingSchedule], postprocs: lis
     programs: set[int] = set()
     for i, seed in enumerate(seeds):
         schedule = seed.replay(mod, postprocs, seed=i + 1)
-        program = tvm_ffi.structural_hash(schedule.mod) if schedule is not None else None
-        if program is not None and program not in programs:
+        if schedule is None:  # does not replay here
+            continue
+        program = tvm_ffi.structural_hash(schedule.mod)
+        if program not in programs:
             programs.add(program)
             schedules.append(schedule)
     return _balanced_where_possible(schedules, cores)
