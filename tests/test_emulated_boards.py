@@ -24,7 +24,8 @@ import pytest
 import yaml
 from conftest import run_edgetune as edgetune
 
-from edgetune.fleet import emulated
+from edgetune.fleet import emulated, tracker
+from edgetune.profiles import load_profile, profile_names
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = ("raspberry-pi-4", "cortex-a53")
@@ -65,6 +66,10 @@ def test_fleet_up_starts_aarch64_boards_that_fleet_status_lists(fleet):
         assert emulated.serves_emulated(f"127.0.0.1:{port}", key)
     for pid in board_pids(state):
         assert "qemu-aarch64" in psutil.Process(pid).cmdline()[0]
+    servers = tracker.query(f"127.0.0.1:{port}").servers
+    for index, key in enumerate(PROFILES):  # each in a port block of its own: no race for one port at start
+        ports = [int(address.rpartition(":")[2]) for address, served in servers if served == key]
+        assert ports and all(p in emulated.port_block(index, len(PROFILES)) for p in ports), (key, servers)
     root = Path(json.loads((state / "boards" / "cortex-a53.json").read_text())["rootfs"])
     assert (root / emulated.BOARD_PYTHON).resolve().read_bytes()[18:20] == (183).to_bytes(2, "little")  # EM_AARCH64
     assert emulated.tree_digest(root) == (root.parent / emulated.CHECKSUM_NAME).read_text().strip()
@@ -153,6 +158,15 @@ def _committed(directory: Path) -> list[str]:
     return logs[0].read_text().splitlines() if logs else []
 
 
+def test_boards_started_together_scan_disjoint_ports():
+    boards = [name for name in profile_names() if load_profile(name).isa == "aarch64"
+              and load_profile(name).device == "cpu"]
+    for count in range(1, len(boards) + 1):
+        blocks = [set(emulated.port_block(index, count)) for index in range(count)]
+        assert all(len(block) >= 10 for block in blocks)
+        assert sum(len(block) for block in blocks) == len(set().union(*blocks))
+
+
 def test_emulate_rejects_a_board_it_cannot_emulate(tmp_path):
     for profile, expected in (("jetson-orin", "only aarch64 CPU boards"), ("raspbery-pi-4", "did you mean")):
         run = edgetune("fleet", "up", "--emulate", profile, "--state-dir", str(tmp_path / "state"))
@@ -176,7 +190,7 @@ def test_a_root_file_system_that_fails_its_checksum_is_not_used(tmp_path, monkey
 
 @pytest.mark.slow
 def test_fleet_down_stops_the_boards_and_the_tracker(fleet):
-    port, state = fleet
+    _port, state = fleet
     pids = board_pids(state)
     down = edgetune("fleet", "down", "--state-dir", str(state))
     assert down.returncode == 0, down.stderr

@@ -46,6 +46,10 @@ SITE_DIR = "opt/edgetune/site"
 LAUNCHER = "opt/edgetune/python"
 CHECKSUM_NAME = "rootfs.sha256"
 _MARKER = "tvm.exec.rpc_server"
+_SERVER_PORTS = range(9300, 9500)
+"""Where boards' RPC servers listen. TVM's server binds with SO_REUSEADDR and listens only after its scan:
+two boards scanning the same ports side by side can both bind one and the second fails in listen(), so each
+board of one `fleet up` scans a block of its own (`port_block`)."""
 _START_TIMEOUT_S = 240.0
 """Until the board's server registers: qemu starts python and imports TVM's 230 MB compiler library twice."""
 
@@ -156,7 +160,7 @@ def _build_rootfs(root: Path) -> None:
 
 
 def _run(argv: list[str], what: str) -> None:
-    result = subprocess.run(argv, capture_output=True, text=True)
+    result = subprocess.run(argv, check=False, capture_output=True, text=True)
     if result.returncode != 0:
         tail = "\n".join((result.stderr or result.stdout).splitlines()[-8:])
         raise BuildError(f"{what} failed (exit {result.returncode}) while building the board root file "
@@ -195,9 +199,16 @@ class _Launched:
     started_at: float  # time.monotonic()
 
 
-def launch_board(board: Board, state: Path) -> _Launched | int:
-    """Start the board's RPC server under qemu (`wait_registered` waits for it); the pid of the one already
-    running instead."""
+def port_block(index: int, count: int) -> range:
+    """The ports board `index` of `count` started together scans: disjoint from every other board's."""
+    size = len(_SERVER_PORTS) // count
+    start = _SERVER_PORTS.start + index * size
+    return range(start, start + size)
+
+
+def launch_board(board: Board, state: Path, ports: range) -> _Launched | int:
+    """Start the board's RPC server under qemu, listening on one of `ports` (`wait_registered` waits for it);
+    the pid of the one already running instead."""
     pid_file, log_file, description = _files(state, board.key)
     pid = processes.running_pid(pid_file, _MARKER)
     if pid is not None:
@@ -210,8 +221,8 @@ def launch_board(board: Board, state: Path) -> _Launched | int:
     env.update(QEMU_LD_PREFIX=str(root), QEMU_CPU=board.qemu_cpu, PYTHONPATH=str(root / SITE_DIR),
                PYTHONNOUSERSITE="1", PYTHONDONTWRITEBYTECODE="1", EDGETUNE_BOARD_PYTHON=str(root / BOARD_PYTHON),
                EDGETUNE_BOARD_LAUNCHER=str(root / LAUNCHER), TVM_NUM_THREADS=str(board.cores))
-    argv = [qemu, str(root / BOARD_PYTHON), "-m", _MARKER, "--host", "127.0.0.1", "--port", "9300",
-            "--port-end", "9500", "--tracker", board.tracker, "--key", board.key]
+    argv = [qemu, str(root / BOARD_PYTHON), "-m", _MARKER, "--host", "127.0.0.1", "--port", str(ports.start),
+            "--port-end", str(ports.stop), "--tracker", board.tracker, "--key", board.key]
     description.parent.mkdir(parents=True, exist_ok=True)
     description.write_text(json.dumps({k: v for k, v in board.__dict__.items() if k != "pid"}, indent=1) + "\n")
     process = processes.start_detached(argv, pid_file, log_file, env=env)
@@ -284,10 +295,10 @@ def up(profiles: list[str], tracker_port: int, state: Path, report: Callable[[st
         pid, _ = tracker.start(spec, state)
         report("tracker", f"started on {spec.address} (pid {pid})")
     problems, launched = [], []
-    for board in chosen:  # all boot side by side: each is a qemu process starting Python and TVM (15-20 s)
+    for index, board in enumerate(chosen):  # all boot side by side: each is qemu starting Python and TVM
         board = Board(**{**board.__dict__, "rootfs": str(root)})
         try:
-            started = launch_board(board, state)
+            started = launch_board(board, state, port_block(index, len(chosen)))
         except BuildError as exc:
             problems.append(str(exc))
             continue
