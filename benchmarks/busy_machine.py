@@ -99,19 +99,20 @@ def build(model: str, budget_min: float, search: str, seed: int, hogs: int, outp
 
 def time_artifacts(model_source: dict, libraries: dict[str, Path], repeats: int) -> dict[str, float]:
     """Median ms of each library and of ONNX Runtime, interleaved on the (now idle) machine, each library with its
-    threads waiting as its artifact ships them (io.json's `cpu_thread_spin_count`, which its run script sets).
+    threads waiting as its artifact ships them (io.json's `cpu_thread_spin_count`, which its run script sets, and
+    `cpu_thread_pool`, edgetune's thread pool, which it starts).
     TVM's pool reads the count once per process, so each way is timed in a process of its own, ONNX Runtime in
     each ("onnxruntime": its median over them). Timed in this process, every artifact had spun, also those that
     ship sleeping threads (a ResNet-18's 20.6 ms spinning, 25.0 ms sleeping as shipped).
     `model_source`: the recipe's `model` mapping the libraries were built from ({"zoo": ...} or {"onnx": ...})."""
     from edgetune.runtime import SPIN_COUNT_ENV
 
-    by_way: dict[int | None, dict[str, str]] = {}
+    by_way: dict[tuple[int | None, bool], dict[str, str]] = {}
     for name, path in libraries.items():
-        by_way.setdefault(shipped_spin_count(path), {})[name] = str(path)
+        by_way.setdefault((shipped_spin_count(path), shipped_pool(path) is not None), {})[name] = str(path)
     times: dict[str, float] = {}
     references = []
-    for count, group in by_way.items():
+    for (count, pooled), group in by_way.items():
         env = {k: v for k, v in os.environ.items() if k != SPIN_COUNT_ENV}
         if count is not None:
             env[SPIN_COUNT_ENV] = str(count)
@@ -125,7 +126,8 @@ def time_artifacts(model_source: dict, libraries: dict[str, Path], repeats: int)
         timed = json.loads(last)
         references.append(timed.pop("onnxruntime"))
         times.update(timed)
-        way = "sleeping" if count == 0 else "spinning" if count is None else f"spin count {count}"
+        way = ("in edgetune's pool" if pooled else "sleeping" if count == 0 else "spinning" if count is None
+               else f"spin count {count}")
         print(f"    timed with their threads {way}: {', '.join(group)}; ONNX Runtime beside them "
               f"{references[-1]:.2f} ms", flush=True)
     times["onnxruntime"] = float(np.median(references))
@@ -144,6 +146,15 @@ def shipped_spin_count(library: Path) -> int | None:
     return json.loads(io_spec.read_text()).get("cpu_thread_spin_count") if io_spec.is_file() else None
 
 
+def shipped_pool(library: Path) -> Path | None:
+    """edgetune's thread pool the library's artifact ships (None: TVM's pool runs its loops)."""
+    from edgetune.package.artifact import IO_NAME
+
+    io_spec = library.parent / IO_NAME
+    name = json.loads(io_spec.read_text()).get("cpu_thread_pool") if io_spec.is_file() else None
+    return library.parent / name if name else None
+
+
 def time_here(model_source: dict, libraries: dict[str, Path], repeats: int) -> dict[str, float]:
     """Median ms of each library and of ONNX Runtime, interleaved in this process."""
     import tvm
@@ -151,6 +162,7 @@ def time_here(model_source: dict, libraries: dict[str, Path], repeats: int) -> d
     from edgetune.frontend.onnx import load_model
     from edgetune.reference import ReferenceRuntime
     from edgetune.runtime import load_library
+    from edgetune.thread_pool import start_thread_pool
 
     onnx_path = model_source.get("onnx")
     model = load_model(zoo=model_source.get("zoo"), onnx_path=Path(onnx_path) if onnx_path else None,
@@ -159,6 +171,9 @@ def time_here(model_source: dict, libraries: dict[str, Path], repeats: int) -> d
     device = tvm.cpu(0)
     tvm_x = tvm.runtime.tensor(x, device)
     machines = {name: load_library(Path(path), device) for name, path in libraries.items()}
+    for path in libraries.values():
+        if (pool := shipped_pool(Path(path))) is not None:
+            start_thread_pool(pool, Path(path), 2)
     session = ReferenceRuntime(model)._session(2)
     runners = {name: (lambda vm=vm: vm["main"](tvm_x)) for name, vm in machines.items()}
     runners["onnxruntime"] = lambda: session.run(None, {model.inputs[0].name: x})

@@ -215,7 +215,8 @@ def _build_target(ctx: TargetBuild) -> TargetResult:
         result.anchor_tuning_curve()
         return result
     compiled = timed("compile", lambda: compile_stage(ctx, result, budget_ends))
-    latency = timed("measure", lambda: measure_stage(ctx, compiled.library, compiled.samples))
+    latency = timed("measure", lambda: measure_stage(ctx, compiled.library, compiled.samples,
+                                                               compiled.thread_pool))
     packaged = timed("package", lambda: package_stage(ctx, result, compiled, latency, inputs_hash))
     timed("verify", lambda: verify_stage(ctx, result, packaged))
     ctx.say("seconds per stage: " + ", ".join(f"{name} {seconds:.0f}" for name, seconds in stages.items()))

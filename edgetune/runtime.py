@@ -219,36 +219,51 @@ SPIN_DOWN_S = 0.15
 core, at 0.15-0.3 us a yield): a timing in another process starts this long after."""
 
 SLEEPING_COST_ACCEPTED = 1.05
-"""An artifact's threads sleep while they wait (spin count 0) where that makes the model at most this much slower
-on the idle build machine, or more where spinning costs it more beside a busy process (`thread_wait_policy`):
-sleeping costs a wake-up per parallel loop, a few percent of a ResNet-18 and up to a quarter of a MobileNet-V2
-(many short kernels)."""
+"""A way of waiting whose model is at most this much slower than the fastest way's, idle and beside a busy
+process, counts as no slower (`thread_wait_policy`): sleeping costs a wake-up per parallel loop, a few percent of
+a ResNet-18 and up to a quarter of a MobileNet-V2 (many short kernels)."""
 
-ThreadWait = Literal["spin", "sleep"]
+ThreadWait = Literal["spin", "sleep", "pool"]
+"""How an artifact's CPU threads wait for work: TVM's pool spinning (yielding the core), TVM's pool sleeping
+(spin count 0), or edgetune's pool (thread_pool.py: a short spin that keeps the core, then sleep)."""
 
-
-def thread_wait_policy(spinning_ms: float, sleeping_ms: float, spinning_busy_ms: float | None = None,
-                       sleeping_busy_ms: float | None = None) -> ThreadWait:
-    """How an artifact's CPU threads wait for work, from the model's latency timed both ways on an idle machine
-    and, where given, beside a low-priority busy process: the way whose loss against the other is the smaller one,
-    idle or busy. Sleeping is accepted idle up to SLEEPING_COST_ACCEPTED, or up to what spinning costs beside the
-    busy process where that is more: a ResNet-18 artifact that slept 5-21% slower idle (AVX2 VM, 4 sets of 3
-    rounds) ran 1.59-1.67x slower spinning beside one nice-19 loop, 3.9-4.5x beside one at normal priority."""
-    accepted = SLEEPING_COST_ACCEPTED
-    if spinning_busy_ms is not None and sleeping_busy_ms is not None:
-        accepted = max(accepted, spinning_busy_ms / sleeping_busy_ms)
-    return "sleep" if sleeping_ms <= accepted * spinning_ms else "spin"
+_PREFERRED: tuple[ThreadWait, ...] = ("sleep", "pool", "spin")
+"""Between ways that cost the same: the one that leaves other programs the most, first."""
 
 
-def thread_wait_ways(wanted: ThreadWait | Literal["auto"]) -> tuple[ThreadWait, ...]:
-    """The ways the tuned model is timed in for the recipe's `package.thread_wait`: both where the build chooses
-    ("auto"), else the one asked for."""
-    return ("spin", "sleep") if wanted == "auto" else (wanted,)
+def thread_wait_policy(idle_ms: dict[ThreadWait, float], busy_ms: dict[ThreadWait, float] | None = None
+                       ) -> ThreadWait:
+    """How an artifact's CPU threads wait for work, from the model's latency timed each way on an idle machine
+    and, where every way was timed so, beside a low-priority busy process: the way whose loss against the fastest
+    way, idle or busy (the larger), is the smallest; a loss up to SLEEPING_COST_ACCEPTED counts as none, and
+    ties go to the gentler way (sleeping). A ResNet-18 artifact that slept 5-21% slower idle (AVX2 VM, 4 sets
+    of 3 rounds) ran 1.59-1.67x slower spinning beside one nice-19 loop, 3.9-4.5x beside one at normal
+    priority; edgetune's pool ran a MobileNet-V2 as fast as spinning idle and as sleeping beside the loop."""
+    busy = busy_ms if busy_ms and set(busy_ms) == set(idle_ms) else {}
+
+    def loss(way: ThreadWait) -> float:
+        losses = [idle_ms[way] / min(idle_ms.values())]
+        if busy:
+            losses.append(busy[way] / min(busy.values()))
+        return max(SLEEPING_COST_ACCEPTED, *losses)
+
+    return min((way for way in _PREFERRED if way in idle_ms), key=loss)
+
+
+def thread_wait_ways(wanted: ThreadWait | Literal["auto"], pool: bool = False) -> tuple[ThreadWait, ...]:
+    """The ways the tuned model is timed in for the recipe's `package.thread_wait`: both ways where the build
+    chooses ("auto"), else the one asked for. Where edgetune's pool is built for the target (`pool`), it stands for
+    spinning: as fast idle (a MobileNet-V2 6.76 against 6.95 ms, a ResNet-18 20.40 against 20.26 ms, 2-core Zen 3
+    VM) and not slowed beside a busy process (9.0 against 24.0 ms beside a nice-19 loop; sleeping 10.3 ms)."""
+    if wanted != "auto":
+        return (wanted,)
+    return ("pool", "sleep") if pool else ("spin", "sleep")
 
 
 def spin_count(policy: ThreadWait | None) -> int | None:
-    """The `SPIN_COUNT_ENV` value that gives `policy` (None: TVM's default, which spins)."""
-    return 0 if policy == "sleep" else None
+    """The `SPIN_COUNT_ENV` value that gives `policy` (None: TVM's default, which spins). With edgetune's pool
+    TVM's own pool runs no kernel; its threads sleep."""
+    return None if policy in (None, "spin") else 0
 
 
 def in_turns(first: Callable[[], T], second: Callable[[], T], rounds: int,

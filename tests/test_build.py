@@ -157,7 +157,8 @@ def test_archive_unpacks_to_checked_manifest_and_a_matching_run_script(built, tm
     # an edited io.json cannot make run.py load a library from elsewhere: a clear error, no traceback
     spec = json.loads((unpacked / "io.json").read_text())
     for field, hostile in (("device", "../../tmp/evil"), ("library", "../elsewhere/model.so"),
-                           ("cpu_thread_spin_count", "0; import os"), ("cpu_thread_spin_count", -1)):
+                           ("cpu_thread_spin_count", "0; import os"), ("cpu_thread_spin_count", -1),
+                           ("cpu_thread_pool", "../elsewhere/threads.so")):
         (unpacked / "io.json").write_text(json.dumps({**spec, field: hostile}))
         refused = subprocess.run([sys.executable, "run.py"], cwd=unpacked, capture_output=True, text=True, timeout=120)
         assert refused.returncode == 1 and f"io.json: {field}" in refused.stderr, refused.stderr
@@ -173,15 +174,20 @@ def test_archive_unpacks_to_checked_manifest_and_a_matching_run_script(built, tm
                           env={k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")})
     assert pool.stdout.split() == [str(manifest["target"]["tvm_target"]["num-cores"]), "False"], pool.stderr
 
-    # the build timed the model with TVM's threads spinning and sleeping while they wait, and run.py waits as chosen
+    # the build timed the model with TVM's threads spinning and sleeping while they wait and in edgetune's pool,
+    # and run.py waits as chosen
     wait = manifest["thread_wait"]
     assert wait == summary["targets"]["host"]["thread_wait"]
     from edgetune.runtime import thread_wait_policy
 
-    assert min(wait["spinning_busy_ms"], wait["sleeping_busy_ms"]) > 0  # timed each way beside a busy process too
-    assert wait["policy"] == thread_wait_policy(wait["spinning_ms"], wait["sleeping_ms"], wait["spinning_busy_ms"],
-                                                wait["sleeping_busy_ms"])
-    assert spec["cpu_thread_spin_count"] == (0 if wait["policy"] == "sleep" else None)
+    idle = {"sleep": wait["sleeping_ms"], "pool": wait["pooled_ms"]}  # edgetune's pool stands for spinning
+    busy = {"sleep": wait["sleeping_busy_ms"], "pool": wait["pooled_busy_ms"]}
+    assert wait["spinning_ms"] is None and min(busy.values()) > 0  # timed each way beside a busy process too
+    assert wait["policy"] == thread_wait_policy(idle, busy)
+    assert spec["cpu_thread_spin_count"] == (None if wait["policy"] == "spin" else 0)
+    pooled = wait["policy"] == "pool"
+    assert spec["cpu_thread_pool"] == ("threads.so" if pooled else None)
+    assert (unpacked / "threads.so").is_file() == pooled
     script = "import runpy; run = runpy.run_path('run.py'); print(run['os'].environ.get('TVM_THREAD_POOL_SPIN_COUNT'))"
     for exported, expected in ((None, spec["cpu_thread_spin_count"]), ("7", 7)):  # what the user exports wins
         env = {k: v for k, v in os.environ.items() if k != "TVM_THREAD_POOL_SPIN_COUNT"}

@@ -4,6 +4,7 @@ library linked for the device."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +27,24 @@ class CompiledTarget:
     library: Path
     cuda_kernels: str | None
     samples: dict[str, np.ndarray]
+    thread_pool: Path | None = None
+    """edgetune's thread pool built for the target (thread_pool.py), where the build times it as a way for the
+    artifact's threads to wait: a CPU measured here, the recipe leaving the way to the build."""
 
 
 def compile_stage(ctx: TargetBuild, result: TargetResult, budget_ends: float | None) -> CompiledTarget:
-    """The library the artifact ships; `budget_ends` (monotonic seconds) bounds the in-model comparison."""
+    """The library the artifact ships, and the thread pool it may run its kernels in; `budget_ends` (monotonic
+    seconds) bounds the in-model comparison."""
+    compiled = _library(ctx, result, budget_ends)
+    if not ctx.times_thread_pool:
+        return compiled
+    from edgetune.thread_pool import POOL_LIBRARY_NAME, build_thread_pool
+
+    return dataclasses.replace(compiled, thread_pool=build_thread_pool(ctx.toolchain.cc,
+                                                                       ctx.work_dir / POOL_LIBRARY_NAME))
+
+
+def _library(ctx: TargetBuild, result: TargetResult, budget_ends: float | None) -> CompiledTarget:
     from edgetune.compile import compile_library, compile_model, export_library
 
     ctx.work_dir.mkdir(parents=True, exist_ok=True)

@@ -121,6 +121,12 @@ class TargetBuild:
         return wanted if self.ranks_that_fit is None else min(wanted, self.ranks_that_fit)
 
     @property
+    def times_thread_pool(self) -> bool:
+        """Whether edgetune's thread pool (thread_pool.py) is built and timed as a third way for the artifact's
+        threads to wait: on a CPU timed here, where the recipe leaves the way to the build."""
+        return self.profile.device == "cpu" and self.device.runs_here and self.recipe.package.thread_wait == "auto"
+
+    @property
     def comparison_cut_by_budget(self) -> bool:
         """Whether the budget's share left fewer schedules to compare inside the model than the recipe asks for."""
         return self.device.runs_here and self.candidates < self.recipe.tuning.in_model_candidates

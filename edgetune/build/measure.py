@@ -36,6 +36,8 @@ class ThreadWaitChoice:
     sleeping_ms: float | None
     spinning_busy_ms: float | None = None
     sleeping_busy_ms: float | None = None
+    pooled_ms: float | None = None  # edgetune's pool (thread_pool.py), where it was built for the target
+    pooled_busy_ms: float | None = None
     timed_beside_other_programs: bool = False  # its idle rounds were not an idle machine's (other programs ran)
 
 
@@ -54,9 +56,10 @@ class Latency:
         return {"tuned": self.tuned, "untuned": self.untuned, "onnxruntime": self.reference}
 
 
-def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray]) -> Latency:
+def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray], pool: Path | None) -> Latency:
     """Time the tuned and the untuned model (`ctx.untuned`, compiled beside the tuned one) on the target's
-    device; the reference only beside them here."""
+    device; the reference only beside them here. `pool`: edgetune's thread pool built for the target, timed as
+    a third way of waiting (None: not built)."""
     device, wanted = ctx.device, ctx.recipe.package.thread_wait
     if not device.can_measure:
         return Latency(thread_wait=choose_thread_wait(wanted, None, ctx.say))
@@ -68,7 +71,7 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
     timed_ways: dict[str, list[float]] | None = None
     reference_ms, busy, others_cores = None, None, 0.0
     # the timers' processes start while the untuned model's compile ends, if it has not
-    with device.thread_wait_timers(library, inputs, thread_wait_ways(wanted)) as timers:
+    with device.thread_wait_timers(library, inputs, thread_wait_ways(wanted, pool is not None), pool) as timers:
         untuned = ctx.untuned.library()
         if device.runs_here:
             threads = ctx.profile.hardware.cores or 1
@@ -93,8 +96,8 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
 
 
 def timed_beside_busy_process(timers: dict[str, Callable[[], float]]) -> dict[str, float]:
-    """The tuned model timed once each way (ms) beside a low-priority busy process: what spinning costs where
-    the artifact shares the machine, against what sleeping costs idle."""
+    """The tuned model timed once each way (ms) beside a low-priority busy process: what each way costs where
+    the artifact shares the machine."""
     with low_priority_busy_process():
         return {way: timer() for way, timer in timers.items()}
 
@@ -102,36 +105,40 @@ def timed_beside_busy_process(timers: dict[str, Callable[[], float]]) -> dict[st
 def choose_thread_wait(wanted: ThreadWait | Literal["auto"], timed: dict[str, list[float]] | None,
                        say: Callable[[str], None], busy: dict[str, float] | None = None,
                        others_cores: float = 0.0) -> ThreadWaitChoice | None:
-    """How the artifact's threads wait for work: the recipe's way, or ("auto") where the tuned model was timed both
-    ways here, runtime.thread_wait_policy's: sleeping unless it costs more idle than spinning costs beside a busy
-    process (spinning threads hand such a process the cores: runtime.SPIN_COUNT_ENV), and at least
-    runtime.SLEEPING_COST_ACCEPTED; None keeps TVM's default. `timed`: the model's idle rounds (ms) per way it
+    """How the artifact's threads wait for work: the recipe's way, or ("auto") where the tuned model was timed
+    each way here, runtime.thread_wait_policy's: the way that loses least against the fastest, idle or beside a
+    busy process (spinning threads hand such a process the cores: runtime.SPIN_COUNT_ENV); None keeps TVM's
+    default. `timed`: the model's idle rounds (ms) per way it
     was timed in (None: not timed so, as over RPC); `busy`: its ms per way beside a low-priority busy process;
     `others_cores`: the cores other programs used while `timed` was timed (then its rounds are not an idle
     machine's, and the build says what the other way may give on one)."""
     medians = {way: float(np.median(rounds)) for way, rounds in (timed or {}).items()}
+    busy = busy or {}
     spinning, sleeping = medians.get("spin"), medians.get("sleep")
-    spinning_busy, sleeping_busy = (busy or {}).get("spin"), (busy or {}).get("sleep")
     if wanted != "auto":
         say(f"the artifact's threads {wanted} while they wait for work, as the recipe says (package.thread_wait)")
         return ThreadWaitChoice(wanted, "recipe", spinning, sleeping)
-    if spinning is None or sleeping is None:
+    if sleeping is None or len(medians) < 2:  # both ways timed, or nothing to choose from
         return None
     # a daemon's tick is not a busy machine: other programs count from the share of a core the tuner counts
-    choice = ThreadWaitChoice(thread_wait_policy(spinning, sleeping, spinning_busy, sleeping_busy), "measured",
-                              spinning, sleeping, spinning_busy, sleeping_busy,
+    choice = ThreadWaitChoice(thread_wait_policy(medians, busy), "measured", spinning, sleeping, busy.get("spin"),
+                              busy.get("sleep"), medians.get("pool"), busy.get("pool"),
                               timed_beside_other_programs=others_cores >= TAKEN_CORE)
-    cost = f"{sleeping:.3f} ms with them sleeping against {spinning:.3f} ms spinning"
-    if spinning_busy is not None and sleeping_busy is not None:
-        cost += f"; beside a low-priority busy process {sleeping_busy:.3f} against {spinning_busy:.3f} ms"
-    if choice.policy == "sleep":
-        said = (f"the artifact's threads sleep while they wait for work ({cost}): other busy processes "
-                "keep their share of the cores")
-    else:
-        said = (f"the artifact's threads spin while they wait for work ({cost}): sleeping costs it more idle than "
-                "spinning costs it beside other work")
-    say(said + _timed_beside_other_programs(choice, others_cores))
+    cost = ", ".join(f"{ms:.3f} ms {_WAYS[way]}" for way, ms in medians.items())
+    if set(busy) == set(medians):
+        cost += "; beside a low-priority busy process " + ", ".join(f"{ms:.3f} ms {_WAYS[way]}"
+                                                                     for way, ms in busy.items())
+    verb, reason = _CHOSEN[choice.policy]
+    say(f"the artifact's threads {verb} while they wait for work ({cost}): {reason}"
+        + _timed_beside_other_programs(choice, others_cores))
     return choice
+
+
+_WAYS = {"spin": "spinning", "sleep": "sleeping", "pool": "in edgetune's pool"}
+_CHOSEN = {"spin": ("spin (TVM's pool)", "the other ways cost it more"),
+           "sleep": ("sleep (TVM's pool)", "other busy processes keep their share of the cores"),
+           "pool": ("wait in edgetune's pool (threads.so)",
+                    "spinning 50 us on the cores they hold, then asleep, it lost least idle and beside a busy process")}
 
 
 def _timed_beside_other_programs(choice: ThreadWaitChoice, others_cores: float) -> str:

@@ -52,8 +52,10 @@ def package_stage(ctx: TargetBuild, result: TargetResult, compiled: CompiledTarg
                   inputs_hash: str) -> PackagedTarget:
     """Stage the artifact beside `ctx.artifact_dir`; the verify stage puts it in place once complete."""
     expected = ctx.reference.run(compiled.samples)
+    pooled = latency.thread_wait is not None and latency.thread_wait.policy == "pool"
     staging = stage_artifact(ctx.artifact_dir, library=compiled.library, sample_inputs=compiled.samples,
-                             reference_outputs=expected, template_context=_template_context(ctx, latency))
+                             reference_outputs=expected, template_context=_template_context(ctx, latency),
+                             thread_pool=compiled.thread_pool if pooled else None)
     try:
         runtime_dir = None
         if ctx.recipe.package.bundle_runtime:
@@ -133,6 +135,7 @@ def _template_context(ctx: TargetBuild, latency: Latency) -> dict[str, Any]:
         "cpu_threads": profile.cpu_threads,
         "cpu_thread_spin_count": spin_count(latency.thread_wait.policy if latency.thread_wait else None),
         "thread_wait_chosen_by": latency.thread_wait.chosen_by if latency.thread_wait else None,
+        "thread_wait": latency.thread_wait.policy if latency.thread_wait else None,
         "arch": ctx.toolchain.arch,
         "cxx": ctx.toolchain.cxx.name if ctx.toolchain.cxx else "g++",
         "edgetune_version": edgetune.__version__,

@@ -299,7 +299,8 @@ def _budget_reserve(ctx: TargetBuild):
         # the comparison compiles the one to ship; without it the later stages do
         finish = finish_seconds(cost, compiles=0 if ctx.candidates > 1 else 1,
                                 library_bytes=ctx.weight_bytes * _LIBRARY_PER_WEIGHT_BYTE,
-                                thread_wait_ways=len(thread_wait_ways(ctx.recipe.package.thread_wait)),
+                                thread_wait_ways=len(thread_wait_ways(ctx.recipe.package.thread_wait,
+                                                                     ctx.times_thread_pool)),
                                 cores_shared=cores_shared)
         kept, ctx.finish_reserve_s = split_reserve(compare, finish, ctx.budget_s)
         narrowed = (f" (run on {threads} of {ctx.profile.cpu_threads} threads: other programs held cores)"

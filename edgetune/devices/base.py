@@ -60,11 +60,11 @@ class Device(ABC):
         """Median latency of a compiled model, timed on the device."""
 
     @contextmanager
-    def thread_wait_timers(self, library: Path, inputs: list[np.ndarray], ways: Sequence[ThreadWait]
-                           ) -> Iterator[dict[str, Callable[[], float]] | None]:
+    def thread_wait_timers(self, library: Path, inputs: list[np.ndarray], ways: Sequence[ThreadWait],
+                           pool: Path | None = None) -> Iterator[dict[str, Callable[[], float]] | None]:
         """A timer of the model (ms per call, each call a timing) for each of `ways`: "spin", TVM's CPU threads
-        spinning while they wait for work (its default), "sleep"; None where the device cannot start a process
-        with either (over RPC the server's own environment holds)."""
+        spinning while they wait for work (its default), "sleep", "pool" (edgetune's, the library `pool`); None
+        where the device cannot start a process with either (over RPC the server's own environment holds)."""
         yield None
 
     def output_check(self, artifact_dir: Path, manifest: Manifest) -> tuple[str, OutputCheck] | None:

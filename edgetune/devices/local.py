@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import threading
 import time
@@ -49,8 +50,8 @@ class LocalDevice(Device):
         return in_own_process(library, library_latency_ms, library, inputs, self.cpu_threads)
 
     @contextmanager
-    def thread_wait_timers(self, library: Path, inputs: list[np.ndarray], ways: Sequence[ThreadWait]
-                           ) -> Iterator[dict[str, Callable[[], float]] | None]:
+    def thread_wait_timers(self, library: Path, inputs: list[np.ndarray], ways: Sequence[ThreadWait],
+                           pool: Path | None = None) -> Iterator[dict[str, Callable[[], float]] | None]:
         """A fresh process for each of `ways`, its TVM threads spinning or sleeping while they wait (TVM reads how
         once, when a process's pool starts); each loads the library once and times it per call."""
         from edgetune.isolated import processes_with
@@ -64,14 +65,15 @@ class LocalDevice(Device):
             for process in processes:
                 process.submit(_import_tvm)  # they all start now, while the caller goes on (a compile, say)
 
-            def timer(process) -> Callable[[], float]:
+            def timer(process, way: ThreadWait) -> Callable[[], float]:
                 def timed() -> float:
-                    latency = process.submit(library_latency_ms, library, inputs, self.cpu_threads).result()
+                    in_pool = pool if way == "pool" else None
+                    latency = process.submit(library_latency_ms, library, inputs, self.cpu_threads, in_pool).result()
                     time.sleep(SPIN_DOWN_S)  # its threads stop spinning before the next timing
                     return latency
                 return timed
 
-            yield {way: timer(process) for way, process in zip(ways, processes)}
+            yield {way: timer(process, way) for way, process in zip(ways, processes, strict=True)}
 
 
 def _import_tvm() -> None:
@@ -82,9 +84,11 @@ _LOADED: dict[tuple[str, int, int], Any] = {}
 """Libraries this process loaded, by path, modification time and size."""
 
 
-def library_latency_ms(library: Path, inputs: list[np.ndarray], cpu_threads: int | None) -> float:
-    """The library's median latency on this machine's CPU, on `cpu_threads` threads when the profile sets them.
-    A library is loaded once per process (TVM never unloads one): timed again, the loaded one runs."""
+def library_latency_ms(library: Path, inputs: list[np.ndarray], cpu_threads: int | None,
+                       pool: Path | None = None) -> float:
+    """The library's median latency on this machine's CPU, on `cpu_threads` threads when the profile sets them,
+    its parallel loops in edgetune's thread pool `pool` where given (thread_pool.py). A library is loaded once
+    per process (TVM never unloads one): timed again, the loaded one runs."""
     import tvm
 
     from edgetune.runtime import load_library, time_model, use_cpu_threads
@@ -96,4 +100,8 @@ def library_latency_ms(library: Path, inputs: list[np.ndarray], cpu_threads: int
     key = (str(library.resolve()), facts.st_mtime_ns, facts.st_size)  # a rewritten library is loaded anew
     if key not in _LOADED:
         _LOADED[key] = load_library(library, device)
+        if pool is not None:
+            from edgetune.thread_pool import start_thread_pool
+
+            start_thread_pool(pool, library, cpu_threads or os.cpu_count() or 1)
     return time_model(_LOADED[key], inputs, device)

@@ -27,6 +27,7 @@ from edgetune.errors import InputError
 from edgetune.ownership import MARKER_NAME, foreign_directory_problem, mark_owned
 from edgetune.package.escaping import code_value, excerpt_for_error, markdown_text
 from edgetune.package.manifest import Manifest, manifest_text
+from edgetune.thread_pool import POOL_LIBRARY_NAME
 
 LIBRARY_NAME = "model.so"
 MANIFEST_NAME = "manifest.json"
@@ -104,6 +105,7 @@ def stage_artifact(
     sample_inputs: dict[str, np.ndarray],
     reference_outputs: dict[str, np.ndarray],
     template_context: dict[str, Any],
+    thread_pool: Path | None = None,
 ) -> Path:
     """A marked sibling of `directory` holding everything but the manifest; the build completes it (runtime,
     manifest, signature) and only then puts it in place with `replace_owned_directory`, so the final name
@@ -113,13 +115,16 @@ def stage_artifact(
     anything else is an InputError naming it, with nothing touched."""
     with owned_staging_beside(directory) as staging:
         staging.chmod(0o755)
-        _fill_artifact(staging, library, sample_inputs, reference_outputs, template_context)
+        _fill_artifact(staging, library, sample_inputs, reference_outputs,
+                       {**template_context, "thread_pool": thread_pool})
     return staging
 
 
 def _fill_artifact(directory: Path, library: Path, sample_inputs: dict[str, np.ndarray],
                    reference_outputs: dict[str, np.ndarray], template_context: dict[str, Any]) -> None:
     shutil.copyfile(library, directory / LIBRARY_NAME)
+    if template_context["thread_pool"] is not None:  # edgetune's thread pool, where its threads wait in it
+        shutil.copyfile(template_context["thread_pool"], directory / POOL_LIBRARY_NAME)
     save_arrays(directory / SAMPLE_INPUT_NAME, sample_inputs)
     save_arrays(directory / REFERENCE_OUTPUT_NAME, reference_outputs)
     (directory / IO_NAME).write_text(json.dumps(_io_spec(template_context, sample_inputs), indent=2) + "\n")
@@ -140,6 +145,7 @@ def _io_spec(context: dict[str, Any], sample_inputs: dict[str, np.ndarray]) -> d
         "library": LIBRARY_NAME,
         "cpu_threads": context["cpu_threads"],
         "cpu_thread_spin_count": context["cpu_thread_spin_count"],
+        "cpu_thread_pool": POOL_LIBRARY_NAME if context["thread_pool"] is not None else None,
         "rtol": context["rtol"],
         "atol": context["atol"],
         # index_limit: the rows of the table an integer input indexes (a token embedding), else null;

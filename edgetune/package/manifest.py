@@ -125,18 +125,21 @@ class LatencyFacts(_Part):
 
 
 class ThreadWaitFacts(_Part):
-    """How the artifact's CPU threads wait for work (`run.py` and `deploy` set TVM's spin count from io.json), who
-    chose it (the build, measuring; or the recipe's `package.thread_wait`), and the tuned model's latencies, in
-    ms, with them spinning and sleeping: idle, and beside a low-priority busy process the build started (None: not
-    timed that way here). `timed_beside_other_programs`: other programs held cores while it was timed "idle", so
+    """How the artifact's CPU threads wait for work (`run.py` and `deploy` set TVM's spin count from io.json;
+    "pool": `run.py` runs the kernels in edgetune's thread pool, the artifact's threads.so), who chose it (the
+    build, measuring; or the recipe's `package.thread_wait`), and the tuned model's latencies, in ms, with them
+    spinning, sleeping and in edgetune's pool: idle, and beside a low-priority busy process the build started
+    (None: not timed that way here). `timed_beside_other_programs`: other programs held cores while it was timed "idle", so
     neither idle figure is an idle machine's."""
 
-    policy: Literal["spin", "sleep"]
+    policy: Literal["spin", "sleep", "pool"]
     chosen_by: Literal["measured", "recipe"] = "measured"
     spinning_ms: Number | None = None
     sleeping_ms: Number | None = None
     spinning_busy_ms: Number | None = None
     sleeping_busy_ms: Number | None = None
+    pooled_ms: Number | None = None
+    pooled_busy_ms: Number | None = None
     timed_beside_other_programs: bool = False
 
 

@@ -32,6 +32,7 @@ from edgetune.package.artifact import (
     sha256_file,
 )
 from edgetune.package.manifest import Manifest, parse_manifest
+from edgetune.thread_pool import POOL_LIBRARY_NAME, start_thread_pool
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -133,22 +134,34 @@ def check_remote_outputs(directory: Path, manifest: Manifest, remote: RemoteDevi
 
 
 def _native_outputs(directory: Path, manifest: Manifest) -> dict[str, np.ndarray]:
-    from edgetune.isolated import in_own_process
+    from edgetune.isolated import in_own_process, processes_with
+    from edgetune.runtime import SPIN_COUNT_ENV
 
     inputs, _ = _sample(directory, manifest)
     library = directory / LIBRARY_NAME
-    outputs = in_own_process(library, library_outputs, library, manifest.target.device, inputs)
+    if manifest.thread_wait is not None and manifest.thread_wait.policy == "pool":  # run as shipped, in its pool:
+        # always in a process of its own, as the pool stays in the process that starts it
+        with processes_with([{SPIN_COUNT_ENV: "0"}]) as (process,):
+            outputs = process.submit(library_outputs, library, manifest.target.device, inputs,
+                                     directory / POOL_LIBRARY_NAME).result()
+    else:
+        outputs = in_own_process(library, library_outputs, library, manifest.target.device, inputs)
     return dict(zip(manifest.model.outputs, outputs))
 
 
-def library_outputs(library: Path, device_type: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """The library's outputs on `inputs`, run on this machine's `device_type` device."""
+def library_outputs(library: Path, device_type: str, inputs: list[np.ndarray],
+                    pool: Path | None = None) -> list[np.ndarray]:
+    """The library's outputs on `inputs`, run on this machine's `device_type` device (its parallel loops in
+    edgetune's thread pool `pool` where given, on as many threads as TVM's would use)."""
     import tvm
 
     from edgetune.runtime import load_library, run
 
     device = tvm.device(device_type, 0)
-    return run(load_library(library, device), inputs, device)
+    loaded = load_library(library, device)
+    if pool is not None:
+        start_thread_pool(pool, library, tvm.get_global_func("runtime.NumThreads")())
+    return run(loaded, inputs, device)
 
 
 def check_native_outputs(directory: Path, manifest: Manifest) -> OutputCheck:
