@@ -32,9 +32,9 @@ static int pool_threads = 0;
 static _Atomic uint64_t job_state;  /* the job's number << 32 | its next share no thread has taken */
 static _Atomic uint32_t wake_word;  /* futex word: changes with every job */
 static _Atomic int sleeping, shares_done, failed;
-static FTVMParallelLambda job_lambda;
-static void* job_data;
-static int job_shares;
+static _Atomic(FTVMParallelLambda) job_lambda; /* written before the job's number, read after it */
+static _Atomic(void*) job_data;
+static _Atomic int job_shares;
 static __thread int inside_pool;
 
 static inline void cpu_relax(void) {
