@@ -1,5 +1,6 @@
 """A built artifact and ONNX Runtime on an idle machine and beside busy processes, with TVM's thread pool
-spinning (its default) and sleeping (`TVM_THREAD_POOL_SPIN_COUNT=0`).
+spinning (its default) and sleeping (`TVM_THREAD_POOL_SPIN_COUNT=0`), and in edgetune's thread pool
+(edgetune/thread_pool.py: the artifact's threads.so, or one built here with this machine's C compiler).
 
     python benchmarks/contention.py build/host-resnet18/host --model resnet18 --rounds 3
     python benchmarks/contention.py ART --onnx model.onnx --input-shapes '{"x": [1, 3, 224, 224]}'
@@ -22,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,11 +33,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from artifact_source import add_artifact_source, load_source_model, source_argv
 from busy_machine import cpu_hogs
 
+from edgetune.profiles import load_profile
 from edgetune.runtime import SPIN_COUNT_ENV
+from edgetune.thread_pool import POOL_LIBRARY_NAME, build_thread_pool
+from edgetune.toolchains import resolve_toolchain
 
 DEFAULT_SPIN_COUNTS = (300_000, 0)
 """TVM's default (spins) and sleeping; `--spin-counts` times others (a thread yields that many times, then sleeps)."""
 ORT = "onnxruntime"
+POOL = "edgetune pool"
+POOL_ENV = "EDGETUNE_BENCHMARK_POOL"
+"""Set for the pool's timing process: the thread pool's library, started once the model is loaded."""
 LOADS = {"idle": (0, None), "nice 19": (1, 19), "normal": (1, None)}
 """Per load: busy loops per `--hogs`, and their nice value."""
 
@@ -57,21 +65,25 @@ def child(args: argparse.Namespace) -> None:
     else:
         device = tvm.cpu(0)
         vm, tvm_x = load_library(args.artifact / "model.so", device), tvm.runtime.tensor(x, device)
+        if os.environ.get(POOL_ENV):
+            from edgetune.thread_pool import start_thread_pool
+
+            start_thread_pool(Path(os.environ[POOL_ENV]), args.artifact / "model.so", 2)
         runner = lambda: vm["main"](tvm_x)
     runner()  # warm-up: allocation, the thread pool
     print(json.dumps(float(np.median(sample_calls(runner, args.seconds, 5))) * 1e3))
 
 
-def systems(spin_counts: list[int]) -> dict[str, dict[str, str]]:
+def systems(spin_counts: list[int], pool: Path) -> dict[str, dict[str, str]]:
     """Each system's name and the environment its process starts with (TVM reads the spin count once)."""
     named = {f"tvm (spin {count})": {SPIN_COUNT_ENV: str(count)} for count in spin_counts}
-    return {**named, ORT: {}}
+    return {**named, POOL: {SPIN_COUNT_ENV: "0", POOL_ENV: str(pool)}, ORT: {}}
 
 
 def time_in_child(args: argparse.Namespace, system: str) -> float:
     child_kind = ORT if system == ORT else "tvm"
     command = [sys.executable, __file__, *source_argv(args), "--child", child_kind, "--seconds", str(args.seconds)]
-    environment = {**os.environ, **systems(args.spin_counts)[system]}
+    environment = {**os.environ, **systems(args.spin_counts, args.pool)[system]}
     done = subprocess.run(command, check=False, capture_output=True, text=True, env=environment)
     if done.returncode != 0:
         raise SystemExit(f"timing {system} failed:\n{done.stderr[-3000:]}")
@@ -81,7 +93,7 @@ def time_in_child(args: argparse.Namespace, system: str) -> float:
 def under_load(args: argparse.Namespace, load: str) -> dict[str, list[float]]:
     """Every system timed `--rounds` times, in turns (order rotating), beside the load's busy loops."""
     per_hog, nice = LOADS[load]
-    names = list(systems(args.spin_counts))
+    names = list(systems(args.spin_counts, args.pool))
     times: dict[str, list[float]] = {system: [] for system in names}
     with cpu_hogs(per_hog * args.hogs, nice):
         time.sleep(0.5)
@@ -107,12 +119,17 @@ def main() -> int:
     if args.child:
         child(args)
         return 0
-    print(f"{args.hogs} busy loop(s) beside; median of {args.rounds} rounds, ms (x: ONNX Runtime's time / its time)")
-    print(f"{'load':10s}" + "".join(f"{system:>22s}" for system in systems(args.spin_counts)))
-    for load in args.loads:
-        times = {system: float(np.median(v)) for system, v in under_load(args, load).items()}
-        ort = times[ORT]
-        print(f"{load:10s}" + "".join(f"{ms:>14.2f} ({ort / ms:4.2f}x)" for ms in times.values()), flush=True)
+    with tempfile.TemporaryDirectory(prefix="edgetune-contention-") as scratch:
+        args.pool = args.artifact / POOL_LIBRARY_NAME
+        if not args.pool.is_file():  # an artifact that ships TVM's pool: edgetune's built for this machine
+            args.pool = build_thread_pool(resolve_toolchain(load_profile("host")).cc, Path(scratch) / POOL_LIBRARY_NAME)
+        print(f"{args.hogs} busy loop(s) beside; median of {args.rounds} rounds, ms (x: ONNX Runtime's time / its "
+              "time)")
+        print(f"{'load':10s}" + "".join(f"{system:>22s}" for system in systems(args.spin_counts, args.pool)))
+        for load in args.loads:
+            times = {system: float(np.median(v)) for system, v in under_load(args, load).items()}
+            ort = times[ORT]
+            print(f"{load:10s}" + "".join(f"{ms:>14.2f} ({ort / ms:4.2f}x)" for ms in times.values()), flush=True)
     return 0
 
 
