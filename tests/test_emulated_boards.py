@@ -103,6 +103,7 @@ def test_recipe_tunes_both_boards_over_rpc_transfers_and_verifies_on_them(fleet,
         # timed over RPC in the server's own environment, the artifact still ships the recipe's way of waiting
         assert manifest["thread_wait"] == {"policy": "sleep", "chosen_by": "recipe", "spinning_ms": None,
                                            "sleeping_ms": None, "spinning_busy_ms": None, "sleeping_busy_ms": None,
+                                           "pooled_ms": None, "pooled_busy_ms": None,
                                            "timed_beside_other_programs": False}
         assert json.loads((Path(result["artifact_dir"]) / "io.json").read_text())["cpu_thread_spin_count"] == 0
         assert "sleeps\nat once, as the recipe asked" in (Path(result["artifact_dir"]) / "README.md").read_text()

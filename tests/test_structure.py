@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "edgetune"
 
 LAYERS = [
     # the bottom: no stage, no device
-    {"errors", "yamlsource", "ownership", "archive", "runtime", "isolated", "machine_load"},
+    {"errors", "yamlsource", "ownership", "archive", "runtime", "isolated", "machine_load", "thread_pool"},
     {"profiles", "recipe", "toolchains"},  # the recipe, its devices' profiles and their compilers
     {"fleet"},  # connections to devices: RPC tracker, SSH, emulated boards, on-device sessions
     {"frontend", "reference"},  # stage: import

@@ -137,8 +137,8 @@ def choose_thread_wait(wanted: ThreadWait | Literal["auto"], timed: dict[str, li
 _WAYS = {"spin": "spinning", "sleep": "sleeping", "pool": "in edgetune's pool"}
 _CHOSEN = {"spin": ("spin (TVM's pool)", "the other ways cost it more"),
            "sleep": ("sleep (TVM's pool)", "other busy processes keep their share of the cores"),
-           "pool": ("wait in edgetune's pool (threads.so)",
-                    "spinning 50 us on the cores they hold, then asleep, it lost least idle and beside a busy process")}
+           "pool": ("spin 50 us on the cores they hold, then sleep, in edgetune's pool (threads.so)",
+                    "it lost least, idle and beside a busy process")}
 
 
 def _timed_beside_other_programs(choice: ThreadWaitChoice, others_cores: float) -> str:
