@@ -109,7 +109,8 @@ def time_artifacts(model_source: dict, libraries: dict[str, Path], repeats: int)
 
     by_way: dict[tuple[int | None, bool], dict[str, str]] = {}
     for name, path in libraries.items():
-        by_way.setdefault((shipped_spin_count(path), shipped_pool(path) is not None), {})[name] = str(path)
+        count, pool = shipped_way(path)
+        by_way.setdefault((count, pool is not None), {})[name] = str(path)
     times: dict[str, float] = {}
     references = []
     for (count, pooled), group in by_way.items():
@@ -138,21 +139,15 @@ TIME_HERE_FLAG = "--time-here"
 """The child process `time_artifacts` starts: `busy_machine.py --time-here JSON` times in its own process."""
 
 
-def shipped_spin_count(library: Path) -> int | None:
-    """The spin count the library's artifact ships (None: TVM's default, spinning)."""
+def shipped_way(library: Path) -> tuple[int | None, Path | None]:
+    """How the library's artifact ships its threads waiting: TVM's spin count (None: its default, spinning) and
+    edgetune's thread pool (None: TVM's pool runs its loops), from its io.json."""
     from edgetune.package.artifact import IO_NAME
 
     io_spec = library.parent / IO_NAME
-    return json.loads(io_spec.read_text()).get("cpu_thread_spin_count") if io_spec.is_file() else None
-
-
-def shipped_pool(library: Path) -> Path | None:
-    """edgetune's thread pool the library's artifact ships (None: TVM's pool runs its loops)."""
-    from edgetune.package.artifact import IO_NAME
-
-    io_spec = library.parent / IO_NAME
-    name = json.loads(io_spec.read_text()).get("cpu_thread_pool") if io_spec.is_file() else None
-    return library.parent / name if name else None
+    spec = json.loads(io_spec.read_text()) if io_spec.is_file() else {}
+    pool = spec.get("cpu_thread_pool")
+    return spec.get("cpu_thread_spin_count"), library.parent / pool if pool else None
 
 
 def time_here(model_source: dict, libraries: dict[str, Path], repeats: int) -> dict[str, float]:
@@ -172,7 +167,7 @@ def time_here(model_source: dict, libraries: dict[str, Path], repeats: int) -> d
     tvm_x = tvm.runtime.tensor(x, device)
     machines = {name: load_library(Path(path), device) for name, path in libraries.items()}
     for path in libraries.values():
-        if (pool := shipped_pool(Path(path))) is not None:
+        if (pool := shipped_way(Path(path))[1]) is not None:
             start_thread_pool(pool, Path(path), 2)
     session = ReferenceRuntime(model)._session(2)
     runners = {name: (lambda vm=vm: vm["main"](tvm_x)) for name, vm in machines.items()}

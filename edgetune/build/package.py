@@ -135,7 +135,6 @@ def _template_context(ctx: TargetBuild, latency: Latency) -> dict[str, Any]:
         "cpu_threads": profile.cpu_threads,
         "cpu_thread_spin_count": spin_count(latency.thread_wait.policy if latency.thread_wait else None),
         "thread_wait_chosen_by": latency.thread_wait.chosen_by if latency.thread_wait else None,
-        "thread_wait": latency.thread_wait.policy if latency.thread_wait else None,
         "arch": ctx.toolchain.arch,
         "cxx": ctx.toolchain.cxx.name if ctx.toolchain.cxx else "g++",
         "edgetune_version": edgetune.__version__,
