@@ -107,3 +107,18 @@ def test_a_model_not_worth_a_process_is_compiled_here_when_first_asked_for(tmp_p
     assert not multiprocessing.active_children() and not (tmp_path / "untuned.so").exists()
     assert untuned.library() == tmp_path / "untuned.so" and (tmp_path / "untuned.so").stat().st_size > 0
     assert not multiprocessing.active_children()
+
+
+def test_it_is_timed_once_per_build_by_whichever_stage_asks_first(tmp_path) -> None:
+    """A budget's reserve times it where the library is ready (its time is then known, not guessed from the tuned
+    model's), and the measure stage reports that timing instead of timing it again."""
+    untuned = _tiny(tmp_path)
+    timed = []
+
+    def time_library(library) -> float:
+        timed.append(library)
+        return 1.5
+
+    assert untuned.latency_ms(time_library) == 1.5
+    assert untuned.latency_ms(lambda library: 99.0) == 1.5
+    assert timed == [tmp_path / "work" / "untuned.so"] and timed[0].stat().st_size > 0

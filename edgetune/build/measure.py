@@ -72,7 +72,7 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
     reference_ms, busy, others_cores = None, None, 0.0
     # the timers' processes start while the untuned model's compile ends, if it has not
     with device.thread_wait_timers(library, inputs, thread_wait_ways(wanted, pool is not None), pool) as timers:
-        untuned = ctx.untuned.library()
+        ctx.untuned.library()  # its compile ends before anything is timed: a compile beside a timing disturbs it
         if device.runs_here:
             threads = ctx.profile.hardware.cores or 1
             ours = timers or {"tuned": lambda: device.latency_ms(library, inputs)}
@@ -90,7 +90,8 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
     if reference_ms:
         _say_spread(ctx, "tuned model", tuned_ms)
         _say_spread(ctx, ctx.reference.display_name, reference_ms)
-    return Latency(tuned=float(np.median(tuned_ms)), untuned=device.latency_ms(untuned, inputs),
+    untuned_ms = ctx.untuned.latency_ms(lambda library: device.latency_ms(library, inputs))
+    return Latency(tuned=float(np.median(tuned_ms)), untuned=untuned_ms,
                    reference=float(np.median(reference_ms)) if reference_ms else None, measured_on=device.where,
                    thread_wait=thread_wait)
 

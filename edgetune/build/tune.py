@@ -180,12 +180,9 @@ def _transfer_summary(tuning: TuningResult, sibling_stores: dict, mode: str) -> 
 
 _TIMING_OVERHEAD_S = 0.5
 """A timing's library load and its process's round trip, beside the model's calls (runtime.time_model_seconds)."""
-_UNTUNED_SLOWDOWN = 200.0
-"""How much slower than the tuned model its untuned one runs: 186x a ResNet-50 (4.7-6.9 s a call), 198-222x a
-ResNet-18, 228x a transformer encoder, 73-87x a GoogLeNet and a MobileNet-V2."""
 _PROCESS_S = 2.5
 """A fresh process that imports TVM: the tuned model's timers (one per way its threads wait, started together),
-and each load of a library larger than LOADED_APART_BYTES (the untuned model's timing, verification's run)."""
+verification's run of a library larger than LOADED_APART_BYTES or of one in edgetune's thread pool."""
 _LIBRARY_PER_WEIGHT_BYTE = 1.3
 """An exported library's size over its model's weights (code and pre-packed copies): ResNet-18 1.28
 (59.9 MB: loaded in the build's process), ResNet-50 1.19; a small model's code weighs more (GoogLeNet 1.49,
@@ -196,26 +193,27 @@ _ARCHIVE_BYTES_PER_S = 30e6
 
 
 def finish_seconds(cost: RankCost, compiles: int, library_bytes: float, thread_wait_ways: int = 2,
-                   cores_shared: bool = False) -> float:
+                   cores_shared: bool = False, pooled: bool = False) -> float:
     """What the stages after the in-model comparison take, step by step as they run (build/measure.py,
     build/verify.py), from one compile and run of the model measured here: compile what is still to compile,
     time the tuned model in its timers' processes and the reference in turns (and each way once beside a busy
-    process), time the untuned model, run and archive the artifact. Charging a fresh process per timing and 15 s
-    for any untuned model that runs a second or more had kept 55 s for a ResNet-18 whose stages took 26 s, and its
-    5-minute builds ended 8-15% early. `cores_shared`: the call was timed on the cores other programs left, and
-    the final timings run on all the target's threads beside them, where a fast model's calls slow down many
-    times (a transformer encoder: 0.5 ms on the free core, 1.3 ms sleeping and 100 ms spinning on both), so each
-    timing is charged its full length, not the shorter one of a thousand fast calls."""
+    process), run and archive the artifact (`pooled`: in a process of its own, which starts edgetune's thread
+    pool). The untuned model is not among them: the reserve times it (`_budget_reserve`). Charging a fresh
+    process per timing and 15 s for any untuned model that runs a second or more had kept 55 s for a ResNet-18
+    whose stages took 26 s, and its 5-minute builds ended 8-15% early. `cores_shared`: the call was timed on the
+    cores other programs left, and the final timings run on all the target's threads beside them, where a fast
+    model's calls slow down many times (a transformer encoder: 0.5 ms on the free core, 1.3 ms sleeping and
+    100 ms spinning on both), so each timing is charged its full length, not the shorter one of a thousand fast
+    calls."""
     call_s = max(cost.inference_s, FULL_TIMING_CALL_S) if cores_shared else cost.inference_s
     timing_s = time_model_seconds(call_s) + _TIMING_OVERHEAD_S
-    apart_s = _PROCESS_S if library_bytes > LOADED_APART_BYTES else 0.0
     ways_s = thread_wait_ways * (timing_s + SPIN_DOWN_S)  # the tuned model timed once each way
     rounds_s = _PROCESS_S + TIMING_ROUNDS * (ways_s + timing_s)
     if thread_wait_ways > 1:  # and once each way beside a low-priority busy process (build/measure.py)
         rounds_s += BUSY_START_S + ways_s
-    untuned_s = apart_s + time_model_seconds(_UNTUNED_SLOWDOWN * call_s) + _TIMING_OVERHEAD_S
+    apart_s = _PROCESS_S if pooled or library_bytes > LOADED_APART_BYTES else 0.0
     verify_s = apart_s + call_s + library_bytes / _ARCHIVE_BYTES_PER_S
-    return compiles * cost.compile_s + rounds_s + untuned_s + verify_s
+    return compiles * cost.compile_s + rounds_s + verify_s
 
 
 def split_reserve(compare_s: float, finish_s: float, budget_s: float) -> tuple[float, float]:
@@ -291,6 +289,9 @@ def _budget_reserve(ctx: TargetBuild):
         with on_free_cores(ctx.profile.cpu_threads) as threads:
             cost = rank_cost(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
                              tvm.device(ctx.profile.device, 0), ctx.winograd, before_timing=ctx.untuned.library)
+        # timed now, where it is ready, and reported by the measure stage: a guess of its time from the tuned
+        # model's (200x on an AVX-512 VM, 28-61x on a Zen 3 one) had kept 9 s too many for a ResNet-18
+        ctx.untuned.latency_ms(lambda library: ctx.device.latency_ms(library, ctx.sample_list(samples)))
         one_rank = cost.total_s
         cores_shared = threads is not None and threads < ctx.profile.cpu_threads
         ctx.ranks_that_fit = ranks_that_fit(cost.compared_s, ctx.budget_s)
@@ -301,7 +302,7 @@ def _budget_reserve(ctx: TargetBuild):
                                 library_bytes=ctx.weight_bytes * _LIBRARY_PER_WEIGHT_BYTE,
                                 thread_wait_ways=len(thread_wait_ways(ctx.recipe.package.thread_wait,
                                                                      ctx.times_thread_pool)),
-                                cores_shared=cores_shared)
+                                cores_shared=cores_shared, pooled=ctx.times_thread_pool)
         kept, ctx.finish_reserve_s = split_reserve(compare, finish, ctx.budget_s)
         narrowed = (f" (run on {threads} of {ctx.profile.cpu_threads} threads: other programs held cores)"
                     if cores_shared else "")

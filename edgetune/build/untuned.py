@@ -50,6 +50,7 @@ class UntunedModel:
         self._process: Any = None  # multiprocessing's SpawnProcess
         self._receiver: Connection | None = None
         self._library: Path | None = None
+        self._latency_ms: float | None = None
 
     def start(self) -> None:
         """Begin the compile in a fresh process, unless it began already, or the machine lacks the memory for it
@@ -80,6 +81,13 @@ class UntunedModel:
         if self._library is None:
             self._library = export_untuned(*self._arguments())
         return self._library
+
+    def latency_ms(self, time_library: Callable[[Path], float]) -> float:
+        """Its latency, timed by `time_library` once per build: where a budget sizes its reserve, then (the
+        library is ready, and the stages after tuning keep no guess of its time), else by the measure stage."""
+        if self._latency_ms is None:
+            self._latency_ms = time_library(self.library())
+        return self._latency_ms
 
     def close(self) -> None:
         """End the process: a build that failed or was stopped does not wait for its compile."""

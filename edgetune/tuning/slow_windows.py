@@ -8,7 +8,7 @@ and its curve carried 2 ms that the model does not spend. A small parallel kerne
 before each candidate on the same threads, shows such windows: a 128x128 matmul ran 80 us on this VM's
 two idle cores, 160 us beside one busy loop and 3200-4500 us beside two.
 
-A candidate timed while the reference ran more than SLOW_WINDOW times its fastest reading is timed again once
+A candidate timed while the reference ran more than SLOW_WINDOW times its usual reading is timed again once
 the batch is timed and the machine reads quiet, and keeps the lower of its two means (slowing only adds time).
 Every such candidate, not only those whose time scaled by the window's slowdown comes near their task's best:
 a window adds a wait at each parallel loop's end, it does not multiply the time. Beside two busy loops a
@@ -19,8 +19,10 @@ the retiming at most doubles a batch's timing (3% of the candidate pipeline: bui
 
 from __future__ import annotations
 
+import bisect
 import os
 import statistics
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -34,10 +36,12 @@ if TYPE_CHECKING:
     from tvm import IRModule
 
 SLOW_WINDOW = 1.5
-"""A reference reading this many times the fastest one marks the candidate timed beside it as timed in a
-slow window. Of 5594 readings over two idle minutes on this VM (2 threads), 9% came above 1.2x the fastest
-(in spells of up to 2 s) and 0.6% above 1.5x; one busy loop beside a 2-thread timing doubles a reading, two
-make it 40-55x. At 1.2x an idle 5-minute ResNet-18 build counted 93 of its 595 timings in slow windows."""
+"""A reference reading this many times the usual one (SlowWindows.usual_s) marks the candidate timed beside it as
+timed in a slow window. Of 5594 readings over two idle minutes on a Zen 5 VM (2 threads), 9% came above 1.2x the
+fastest (in spells of up to 2 s) and 0.6% above 1.5x; one busy loop beside a 2-thread timing doubles a reading,
+two make it 40-55x. At 1.2x an idle 5-minute ResNet-18 build counted 93 of its 595 timings in slow windows."""
+KEPT_READINGS = 4096
+"""The recent readings the usual one is the median of: about the last 15 minutes of a build's timings."""
 
 _REFERENCE_SIZE = 128
 """The reference matmul's side: 4 MFLOP, about 80 us on two Zen 5 cores (warm), short enough that a wait for a
@@ -114,19 +118,33 @@ class Timed:
 
 @dataclass
 class SlowWindows:
-    """The fastest reference reading so far and which of a batch's timings to take again because of it."""
+    """The usual reference reading (the median of the recent ones) and which of a batch's timings to take again
+    because of it.
 
-    fastest_s: float | None = None
+    The median, not the fastest: on a Zen 3 VM the idle readings spread from 103 to 224 us (median 157 us, of
+    9585 over 20 seconds), half of them above 1.5x the fastest, and an idle 10-minute MobileNet-V2 build counted
+    609 of its 1092 timings in slow windows (and told its user the device had run slow for them)."""
+
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=KEPT_READINGS))
+    _sorted: list[float] = field(default_factory=list)  # `recent`, in order
 
     def note(self, reading_s: float) -> float:
-        """A reading taken: it lowers the fastest one; returns it."""
-        if self.fastest_s is None or reading_s < self.fastest_s:
-            self.fastest_s = reading_s
+        """A reading taken: it joins the recent ones (the oldest leaves past KEPT_READINGS); returns it."""
+        if len(self.recent) == self.recent.maxlen:
+            del self._sorted[bisect.bisect_left(self._sorted, self.recent[0])]
+        self.recent.append(reading_s)
+        bisect.insort(self._sorted, reading_s)
         return reading_s
 
+    @property
+    def usual_s(self) -> float | None:
+        """The recent readings' median (the lower one of an even count); None before any."""
+        return self._sorted[(len(self._sorted) - 1) // 2] if self._sorted else None
+
     def slowdown(self, reading_s: float) -> float:
-        """How many times the fastest reading a reading took (1.0 before any)."""
-        return reading_s / self.fastest_s if self.fastest_s else 1.0
+        """How many times the usual reading a reading took (1.0 before any)."""
+        usual = self.usual_s
+        return reading_s / usual if usual else 1.0
 
     def in_slow_window(self, timed: Timed) -> bool:
         return self.slowdown(max(timed.reading_before, timed.reading_after)) > SLOW_WINDOW
