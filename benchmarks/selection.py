@@ -9,7 +9,12 @@ choice and the model with every kernel's tuner-best schedule are then timed in i
 order reversed every other round) and printed as ratios to the tuner's best: below 1.00 the comparison
 chose faster schedules, above it its choice cost speed. Where the repeats disagree, the comparison is
 deciding on noise. Each comparison's whole-model check (its choice timed whole in turns with the tuner's
-best; kept below 1.000) is printed beside it. The record store is only read.
+best; kept below 1.000) is printed beside it, with its seconds and the models it compiled and timed (the tuner's
+best, the default schedules', each rank's). `--seconds S` gives each comparison S seconds, as a build's budget
+gives it its share (the default schedules' model then compiled inside it, which a build compiles apart): how
+many ranks fit. The record store is only read.
+
+    python benchmarks/selection.py recipe.yaml --records-dir DIR --repeats 1 --seconds 68
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidates", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2, help="comparisons run, each timed against the best")
     parser.add_argument("--rounds", type=int, default=8, help="interleaved timing rounds")
+    parser.add_argument("--seconds", type=float, default=None, help="each comparison's time, as a budget's share")
     args = parser.parse_args(argv)
 
     import tvm
@@ -67,13 +73,19 @@ def main(argv: list[str] | None = None) -> int:
                                                 work / "best.so")}
     for repeat in range(args.repeats):
         started = time.monotonic()
-        chosen = select_schedules(relax_mod, tvm_target, store.database, inputs, device, args.candidates, winograd)
+        compiled = work / f"comparison{repeat + 1}"  # as the build compiles them: libraries, loaded to run
+        compiled.mkdir()
+        deadline = started + args.seconds if args.seconds is not None else None
+        chosen = select_schedules(relax_mod, tvm_target, store.database, inputs, device, args.candidates, winograd,
+                                  deadline=deadline, libraries=compiled)
         ranks = sorted(choice.rank for choice in chosen.choices.values())
         verified = "-" if chosen.verified_ratio is None else f"{chosen.verified_ratio:.3f}"
-        print(f"comparison {repeat + 1}: {time.monotonic() - started:.0f} s, ranks chosen {ranks}, whole-model "
-              f"check {verified}", flush=True)
-        libraries[f"comparison {repeat + 1}"] = export_library(
-            compile_model(relax_mod, tvm_target, chosen.database, winograd), work / f"chosen{repeat}.so")
+        cut = ", stopped by its seconds" if chosen.stopped_by_deadline else ""
+        print(f"comparison {repeat + 1}: {time.monotonic() - started:.1f} s, {chosen.models_compiled} models "
+              f"timed{cut}, ranks chosen {ranks}, whole-model check {verified}", flush=True)
+        if chosen.library is None:
+            raise SystemExit("the store holds no records of this model's kernels: nothing to compare")
+        libraries[f"comparison {repeat + 1}"] = chosen.library
 
     arguments = [tvm.runtime.tensor(x, device) for x in inputs]
     machines = {name: relax.VirtualMachine(tvm.runtime.load_module(str(path)), device)

@@ -293,8 +293,9 @@ class PackageSpec(_Strict):
     thread_wait: Literal["auto", "spin", "sleep"] = "auto"
     """How the artifact's CPU threads wait for work (TVM's spin count, set by `run.py` and `deploy`): "spin"
     (TVM's default) is fastest on a device that runs nothing else, "sleep" keeps the model's speed beside other
-    busy processes; "auto" times both on a target measured on this machine, idle and beside a low-priority busy
-    process, and sleeps unless that costs more idle than spinning costs beside it, and more than 5%
+    busy processes; "auto", on a CPU measured on this machine, also builds edgetune's thread pool (a short spin
+    that keeps the core, then sleep: thread_pool.py), times it and sleeping threads, idle and beside a
+    low-priority busy process, and ships the way that loses least, sleeping where they are within 5%
     (build/measure.py); it keeps TVM's default on the others."""
 
 

@@ -87,7 +87,8 @@ class Selection:
     stopped_by_deadline: bool = False
     """Fewer ranks were compared than the records had: the next would not have fit before the deadline."""
     library: Path | None = None
-    """The model compiled with `database`, as `keep_tuned` exported it (None: not exported; compile it)."""
+    """The model compiled with `database`, as the comparison compiled it into `libraries` (None: not compiled
+    so; compile it)."""
     verified_ratio: float | None = None
     """The chosen schedules' model's time over the tuner's best's, each whole model timed in turns; the
     choice stands where it is below 1, else every kernel keeps the tuner's best (None: nothing changed)."""
@@ -97,7 +98,7 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
                      inputs: list[np.ndarray], device: tvm.runtime.Device, candidates: int,
                      winograd: WinogradPolicy | None = None, runs: int = 30,
                      deadline: float | None = None, untuned: Callable[[], Path] | None = None,
-                     keep_tuned: Callable[[Any, str], Path] | None = None,
+                     libraries: Path | None = None, cross_compiler: Any = None,
                      on_skip: Callable[[str], None] | None = None) -> Selection:
     """The model's kernels each with the fastest in the model of their `candidates` best schedules and
     their default one.
@@ -107,15 +108,14 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
     (`_PAIRED_ROUNDS`), so a slow spell of the machine slows both sides of a comparison, not one rank.
     `deadline` (a `time.monotonic()` instant, the end of a tuning budget): after the tuner's best, the default
     schedules' model is timed only if that timing still fits before it (its compile too, without `untuned`), and a
-    further rank only if its compile and timing in turns fit with the model of the kernels' choices (compiled,
-    exported and timed whole after the last rank), each as long as the tuner's best's took. `untuned` gives the default schedules' model, which is the untuned one,
-    as the build compiled it apart (build/untuned.py): called before anything is timed, as it waits for that
-    compile (None: the default schedules' model is compiled here). Where the
-    kernels' choices differ from the tuner's best, the model they make is compiled and timed whole, in
-    turns with the tuner's best, and kept only if it runs faster: choices made kernel by kernel in models
-    that each changed every kernel need not add up. `keep_tuned(executable, name)` exports the tuner's best
-    and the chosen model, and the one that stands is returned as the library to ship. `on_skip`: as in
-    `compile_model`, for those two.
+    further rank only if its compile and timing in turns fit with the model of the kernels' choices (compiled and
+    timed whole after the last rank), each compile as long as the tuner's best's took. `untuned` gives the default
+    schedules' model, which is the untuned one, as the build compiled it apart (build/untuned.py): called before
+    anything is timed, as it waits for that compile (None: the default schedules' model is compiled here). Where
+    the kernels' choices differ from the tuner's best, the model they make is compiled and timed whole, in turns
+    with the tuner's best, and kept only if it runs faster: choices made kernel by kernel in models that each
+    changed every kernel need not add up. `libraries`, `cross_compiler`: see `_ModelCompiler`; the library of the
+    model that stands is returned to ship. `on_skip`: as in `compile_model`, for the tuner's best and the chosen.
     """
     start = time.monotonic()
     records = _in_memory(database)
@@ -126,52 +126,81 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
     if not ranked:
         return Selection(_pick(ranked, {}), {}, 0, time.monotonic() - start)
 
+    compiler = _ModelCompiler(relax_mod, target, winograd, libraries, cross_compiler, on_skip)
     arguments = [tvm.runtime.tensor(x, device) for x in inputs]
     compile_started = time.monotonic()
-    executable = compile_model(relax_mod, target, _pick(ranked, dict.fromkeys(ranked, 0)), winograd, on_skip)
+    model, best_library = compiler.compile(_pick(ranked, dict.fromkeys(ranked, 0)), "best")
     compile_s = time.monotonic() - compile_started
-    best_library = keep_tuned(executable, "best") if keep_tuned is not None else None  # before it runs, too
-    export_s = time.monotonic() - compile_started - compile_s
     default_library = untuned() if untuned is not None else None  # its compile apart ends before any timing
     timing_started = time.monotonic()
-    best = _TimedModel(executable, device, arguments, workload_of)
-    del executable  # its model holds it
+    best = _TimedModel(model, device, arguments, workload_of)
+    del model  # the timed model holds it
     best_us = best.kernel_times(runs)
     timing_s = time.monotonic() - timing_started
     rank_s = compile_s + 2 * timing_s  # a rank's compile, and its kernels timed in turns with the best's
-    chosen_s = compile_s + export_s + timing_s  # after the last rank: the kernels' choices compiled and timed whole
     comparison = _Comparison(best_us)
     stopped = False
     for rank in [DEFAULT_RANK, *range(1, max(map(len, ranked.values())))]:
         started, apart = time.monotonic(), rank == DEFAULT_RANK and default_library is not None
         # compiled apart, the default schedules' model is only timed (RankCost.default_s); a rank other than the
-        # default brings the chosen model's compile and timing after it. Charged twice the first rank's whole
-        # time (the rules and records read, its compile, export and timing), a MobileNet-V2's rank 1 did not fit
-        # the 40-odd seconds its 10-minute budget had left for it, and the build ended 45 s before its budget
-        needed_s = (1 + _DEFAULT_TIMING_SHARE) * timing_s if apart else rank_s + chosen_s * (rank != DEFAULT_RANK)
+        # default brings the chosen model's compile and timing after it
+        needed_s = (1 + _DEFAULT_TIMING_SHARE) * timing_s if apart else rank_s + (compile_s + timing_s) * (rank > 0)
         if deadline is not None and started + needed_s > deadline:
             stopped = True
             break
-        model = (tvm.runtime.load_module(str(default_library)) if apart else
-                 compile_model(relax_mod, target, _pick(ranked, dict.fromkeys(ranked, rank)), winograd))
+        model, library = ((tvm.runtime.load_module(str(default_library)), None) if apart else
+                          compiler.compile(_pick(ranked, dict.fromkeys(ranked, rank)), f"rank{rank}", warn=False))
         other = _TimedModel(model, device, arguments, workload_of)
         del model
         max_s = _DEFAULT_TIMING_SHARE * runs * sum(best_us.values()) / 1e6 if rank == DEFAULT_RANK else None
         comparison.ratios[rank] = _in_turns(best, other, runs, max_s)
         del other  # the next rank's compile needs the memory of this one's weights
+        compiler.remove(library)
         rank_s = rank_s if apart else time.monotonic() - started  # what the next rank's compile and timing take
     selection = comparison.selection(ranked, workload_of, time.monotonic() - start, stopped)
     if all(choice.rank == 0 for choice in selection.choices.values()):
         return dataclasses.replace(selection, library=best_library)
-    executable = compile_model(relax_mod, target, selection.database, winograd, on_skip)
-    chosen_library = keep_tuned(executable, "chosen") if keep_tuned is not None else None
-    ratio = _model_ratio(best, _TimedModel(executable, device, arguments, workload_of), runs)
-    del executable
+    model, chosen_library = compiler.compile(selection.database, "chosen")
+    ratio = _model_ratio(best, _TimedModel(model, device, arguments, workload_of), runs)
+    del model
     if ratio < 1.0:
         return dataclasses.replace(selection, library=chosen_library, verified_ratio=ratio,
                                    seconds=time.monotonic() - start)
+    compiler.remove(chosen_library)
     kept = comparison.selection(ranked, workload_of, time.monotonic() - start, stopped, only_best=True)
     return dataclasses.replace(kept, library=best_library, verified_ratio=ratio)
+
+
+@dataclass(frozen=True)
+class _ModelCompiler:
+    """How the comparison compiles each model it times. With `libraries` (a directory), as the final compile
+    does: a library of the target (`compile_library`, kernels built in groups at once; `cross_compiler` links
+    it), loaded to run; the tuner's best stays as model-best.so, the kernels' choices as model-chosen.so.
+    Without (a CUDA target), in memory (`compile_model`), and relax's VM links such a model again when it loads
+    it: a MobileNet-V2 took 6.9 s to compile and 6.7 s more to load so, 0.02 s loaded from its library, and
+    its tuner's best, exported to be shipped, had been linked twice."""
+
+    relax_mod: tvm.IRModule
+    target: tvm.target.Target
+    winograd: WinogradPolicy | None
+    libraries: Path | None
+    cross_compiler: Any
+    on_skip: Callable[[str], None] | None
+
+    def compile(self, records: Database, name: str, warn: bool = True) -> tuple[Any, Path | None]:
+        """(the model to run, its library or None); `warn`: tell `on_skip` of schedules that do not replay."""
+        on_skip = self.on_skip if warn else None
+        if self.libraries is None:
+            return compile_model(self.relax_mod, self.target, records, self.winograd, on_skip), None
+        library = compile_library(self.relax_mod, self.target, records, self.libraries / f"model-{name}.so",
+                                  self.winograd, self.cross_compiler, on_skip)
+        return tvm.runtime.load_module(str(library)), library
+
+    @staticmethod
+    def remove(library: Path | None) -> None:
+        """A compared model's library, once timed: its weights' bytes are not shipped."""
+        if library is not None:
+            library.unlink(missing_ok=True)
 
 
 def _model_ratio(best: _TimedModel, chosen: _TimedModel, runs: int) -> float:

@@ -106,41 +106,45 @@ def test_each_rank_is_timed_in_turns_with_the_tuners_best(tmp_path, monkeypatch)
     assert choice.rank in (1, DEFAULT_RANK) and choice.in_model_us < choice.tuner_best_in_model_us / 2, choice
 
 
-def test_the_chosen_model_stands_only_if_it_runs_faster_whole_and_ships_as_compiled(tmp_path):
+def test_the_chosen_model_stands_only_if_it_runs_faster_whole_and_ships_as_compiled(tmp_path, monkeypatch):
     """Choices made kernel by kernel are compiled into one model and timed whole, in turns with the tuner's
-    best: the faster of the two is the library the build ships, as the comparison exported it."""
-    from edgetune.compile import export_library
+    best: the faster of the two is the library the build ships, as the comparison compiled it. Every model is
+    compiled as the final compile compiles it and loaded from its library, never in memory: relax's VM links
+    such a model again to run it (6.7 s of a MobileNet-V2's rank), and the tuner's best had been linked twice."""
+    import edgetune.selection as selection_module
 
+    def in_memory(*args, **kwargs):
+        raise AssertionError("compiled in memory")
+
+    monkeypatch.setattr(selection_module, "compile_model", in_memory)
     relax_mod, target, store, heaviest, inputs, _ = _strided_ranked_first(tmp_path)
-    exported: dict[str, Path] = {}
+    libraries = tmp_path / "work"
+    libraries.mkdir()
 
-    def keep(executable, name: str) -> Path:
-        exported[name] = export_library(executable, tmp_path / f"{name}.so")
-        return exported[name]
-
-    changed = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2, keep_tuned=keep)
+    changed = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2,
+                               libraries=libraries)
     assert changed.choices[heaviest.name].rank != 0  # the strided schedule loses, in the kernel and whole
     assert changed.verified_ratio is not None and changed.verified_ratio < 0.5
-    assert set(exported) == {"best", "chosen"} and changed.library == exported["chosen"]
+    assert changed.library == libraries / "model-chosen.so"
+    assert sorted(p.name for p in libraries.iterdir()) == ["model-best.so", "model-chosen.so"]  # ranks removed
 
-    exported.clear()
     only_best = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2,
-                                 deadline=time.monotonic(), keep_tuned=keep)  # nothing else fits: rank 0 kept
+                                 deadline=time.monotonic(), libraries=libraries)  # nothing else fits: rank 0 kept
     assert only_best.choices[heaviest.name].rank == 0 and only_best.models_compiled == 1
-    assert only_best.verified_ratio is None and only_best.library == exported["best"] == tmp_path / "best.so"
+    assert only_best.verified_ratio is None and only_best.library == libraries / "model-best.so"
 
 
 def test_a_choice_slower_as_a_whole_model_gives_way_to_the_tuners_best(tmp_path, monkeypatch):
     """Where the whole chosen model runs slower than the tuner's best (kernels timed in different models need
-    not add up), every kernel keeps the tuner's best and its export is the library."""
+    not add up), every kernel keeps the tuner's best and its library ships; the chosen one is removed."""
     import edgetune.selection as selection_module
 
     relax_mod, target, store, heaviest, inputs, _ = _strided_ranked_first(tmp_path)
     monkeypatch.setattr(selection_module, "_model_ratio", lambda best, chosen, runs: 1.02)  # as timed in a slow spell
-    kept = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2,
-                            keep_tuned=lambda executable, name: tmp_path / name)
+    kept = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2, libraries=tmp_path)
 
-    assert kept.verified_ratio == 1.02 and kept.library == tmp_path / "best"
+    assert kept.verified_ratio == 1.02 and kept.library == tmp_path / "model-best.so"
+    assert kept.library.is_file() and not (tmp_path / "model-chosen.so").exists()
     assert kept.choices[heaviest.name].rank == 0 and kept.in_model_us == kept.tuner_best_in_model_us
     assert len(kept.database.get_all_tuning_records()) == 1  # the strided schedule, the tuner's best
 
@@ -167,24 +171,26 @@ def test_past_the_deadline_only_the_tuners_best_is_compiled(tmp_path):
 
 
 @pytest.mark.serial
-def test_near_the_deadline_the_default_schedules_model_needs_room_for_its_timing_only(tmp_path):
+def test_near_the_deadline_the_default_schedules_model_needs_room_for_its_timing_only(tmp_path, monkeypatch):
     """The default schedules' model is the untuned one, which the build compiles apart anyway: it is compared
     when its timing fits before the deadline, while a further rank needs room for its compile and the chosen
-    model's after it. The tuner's best's export here takes 6 s more (a slow compile), so a rank takes about
-    7 s: the default's timing fits by 18 s, another rank's two compiles would not."""
-    from edgetune.compile import export_untuned
+    model's after it. Each compile here takes 6 s more (a slow compile), so a rank takes about 7 s: the default's
+    timing fits by 18 s, another rank's compile and the chosen model's would not."""
+    import edgetune.selection as selection_module
+    from edgetune.compile import compile_library, export_untuned
 
     relax_mod, target, store, _, inputs, _ = _strided_ranked_first(tmp_path)
     untuned = export_untuned(relax_mod, target, None, tmp_path / "untuned.so", None)
     slow_s = 6.0
 
-    def keep_tuned(executable, name: str) -> Path:
-        time.sleep(slow_s if name == "best" else 0.0)
-        return tmp_path / f"{name}.so"
+    def slow_compile(*args, **kwargs) -> Path:
+        time.sleep(slow_s)
+        return compile_library(*args, **kwargs)
 
+    monkeypatch.setattr(selection_module, "compile_library", slow_compile)
     selection = select_schedules(relax_mod, target, store.database, inputs, tvm.cpu(0), candidates=2,
                                  deadline=time.monotonic() + 3 * slow_s, untuned=lambda: untuned,
-                                 keep_tuned=keep_tuned)
+                                 libraries=tmp_path)
 
     assert selection.models_compiled == 2  # the tuner's best and the default schedules' model
     assert selection.stopped_by_deadline  # rank 1 and the chosen model did not fit

@@ -97,18 +97,15 @@ def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, 
     """
     import tvm
 
-    from edgetune.compile import export_library
     from edgetune.machine_load import on_free_cores
     from edgetune.selection import DEFAULT_RANK, select_schedules
-
-    def keep_tuned(executable, name: str) -> Path:  # exported as the final compile exports it
-        return export_library(executable, ctx.work_dir / f"model-{name}.so", ctx.toolchain.fcompile())
 
     with on_free_cores(ctx.profile.cpu_threads) as threads:  # compared on the cores other programs leave
         selection = select_schedules(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
                                      tvm.device(ctx.profile.device, 0), ctx.candidates, ctx.winograd,
                                      deadline=deadline, untuned=ctx.untuned.library, on_skip=_warn(ctx),
-                                     keep_tuned=keep_tuned if ctx.profile.device != "cuda" else None)
+                                     libraries=ctx.work_dir if ctx.profile.device != "cuda" else None,
+                                     cross_compiler=ctx.toolchain.fcompile())
     for task in result.tasks:
         choice = selection.choices.get(task["name"])
         task["kept_default"] = choice is not None and choice.rank == DEFAULT_RANK
