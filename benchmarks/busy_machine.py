@@ -157,7 +157,6 @@ def time_here(model_source: dict, libraries: dict[str, Path], repeats: int) -> d
     from edgetune.frontend.onnx import load_model
     from edgetune.reference import ReferenceRuntime
     from edgetune.runtime import load_library
-    from edgetune.thread_pool import start_thread_pool
 
     onnx_path = model_source.get("onnx")
     model = load_model(zoo=model_source.get("zoo"), onnx_path=Path(onnx_path) if onnx_path else None,
@@ -165,10 +164,8 @@ def time_here(model_source: dict, libraries: dict[str, Path], repeats: int) -> d
     x = model.sample_inputs()[model.inputs[0].name]
     device = tvm.cpu(0)
     tvm_x = tvm.runtime.tensor(x, device)
-    machines = {name: load_library(Path(path), device) for name, path in libraries.items()}
-    for path in libraries.values():
-        if (pool := shipped_way(Path(path))[1]) is not None:
-            start_thread_pool(pool, Path(path), 2)
+    machines = {name: load_library(Path(path), device, shipped_way(Path(path))[1], 2)
+                for name, path in libraries.items()}
     session = ReferenceRuntime(model)._session(2)
     runners = {name: (lambda vm=vm: vm["main"](tvm_x)) for name, vm in machines.items()}
     runners["onnxruntime"] = lambda: session.run(None, {model.inputs[0].name: x})

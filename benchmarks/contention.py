@@ -64,11 +64,8 @@ def child(args: argparse.Namespace) -> None:
         runner = lambda: session.run(None, {model.inputs[0].name: x})
     else:
         device = tvm.cpu(0)
-        vm, tvm_x = load_library(args.artifact / "model.so", device), tvm.runtime.tensor(x, device)
-        if os.environ.get(POOL_ENV):
-            from edgetune.thread_pool import start_thread_pool
-
-            start_thread_pool(Path(os.environ[POOL_ENV]), args.artifact / "model.so", 2)
+        pool = Path(os.environ[POOL_ENV]) if os.environ.get(POOL_ENV) else None
+        vm, tvm_x = load_library(args.artifact / "model.so", device, pool, 2), tvm.runtime.tensor(x, device)
         runner = lambda: vm["main"](tvm_x)
     runner()  # warm-up: allocation, the thread pool
     print(json.dumps(float(np.median(sample_calls(runner, args.seconds, 5))) * 1e3))

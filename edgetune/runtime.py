@@ -1,8 +1,8 @@
 """Run compiled models with TVM's runtime: load, run, time, and how many CPU threads run them.
 
 The bottom of the package: every stage that runs code (tuning, selection, measuring, verifying) and every
-device backend uses these, and this module imports nothing of edgetune's, so none of them reaches up
-into the compile stage for it.
+device backend uses these, and this module imports nothing of edgetune's but edgetune's thread pool
+(thread_pool.py, as low as it), so none of them reaches up into the compile stage for it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import Literal, TypeVar
 import numpy as np
 import tvm
 from tvm import relax
+
+from edgetune.thread_pool import start_thread_pool
 
 T = TypeVar("T")
 
@@ -92,10 +94,15 @@ def _cores_bound_to_other_threads() -> set[int]:
     return bound
 
 
-def load_library(path: Path, device: tvm.runtime.Device) -> relax.VirtualMachine:
-    """The library's model, ready to run. TVM never unloads a library it loaded: its weights stay in this
-    process until it ends (see `edgetune.isolated`)."""
-    return relax.VirtualMachine(tvm.runtime.load_module(str(path)), device)
+def load_library(path: Path, device: tvm.runtime.Device, pool: Path | None = None,
+                 pool_threads: int | None = None) -> relax.VirtualMachine:
+    """The library's model, ready to run; where `pool` is given, its parallel loops run in edgetune's thread pool
+    (thread_pool.py) on `pool_threads` threads (None: as many as TVM's own pool has). TVM never unloads a library
+    it loaded: its weights stay in this process until it ends (see `edgetune.isolated`)."""
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(path)), device)
+    if pool is not None:
+        start_thread_pool(pool, path, pool_threads or tvm.get_global_func("runtime.NumThreads")())
+    return vm
 
 
 def run(vm: relax.VirtualMachine, inputs: list[np.ndarray], device: tvm.runtime.Device) -> list[np.ndarray]:

@@ -99,9 +99,5 @@ def library_latency_ms(library: Path, inputs: list[np.ndarray], cpu_threads: int
     facts = library.stat()
     key = (str(library.resolve()), facts.st_mtime_ns, facts.st_size)  # a rewritten library is loaded anew
     if key not in _LOADED:
-        _LOADED[key] = load_library(library, device)
-        if pool is not None:
-            from edgetune.thread_pool import start_thread_pool
-
-            start_thread_pool(pool, library, cpu_threads or os.cpu_count() or 1)
+        _LOADED[key] = load_library(library, device, pool, cpu_threads or os.cpu_count() or 1)
     return time_model(_LOADED[key], inputs, device)

@@ -32,7 +32,7 @@ from edgetune.package.artifact import (
     sha256_file,
 )
 from edgetune.package.manifest import Manifest, parse_manifest
-from edgetune.thread_pool import POOL_LIBRARY_NAME, start_thread_pool
+from edgetune.thread_pool import POOL_LIBRARY_NAME
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -158,10 +158,7 @@ def library_outputs(library: Path, device_type: str, inputs: list[np.ndarray],
     from edgetune.runtime import load_library, run
 
     device = tvm.device(device_type, 0)
-    loaded = load_library(library, device)
-    if pool is not None:
-        start_thread_pool(pool, library, tvm.get_global_func("runtime.NumThreads")())
-    return run(loaded, inputs, device)
+    return run(load_library(library, device, pool), inputs, device)
 
 
 def check_native_outputs(directory: Path, manifest: Manifest) -> OutputCheck:
