@@ -279,7 +279,7 @@ def _budget_reserve(ctx: TargetBuild):
         from edgetune.machine_load import on_free_cores
         from edgetune.selection import rank_cost
 
-        samples = ctx.model.sample_inputs()
+        inputs = ctx.sample_list(ctx.model.sample_inputs())
         # compiled apart beside this compile (a small model, or short of memory: here, before the timing);
         # done before any timing
         ctx.untuned.start()
@@ -287,11 +287,11 @@ def _budget_reserve(ctx: TargetBuild):
         # reserve said 237 s for the stages after tuning, which took 77 s (the untuned model's timing is scaled
         # from this one's call)
         with on_free_cores(ctx.profile.cpu_threads) as threads:
-            cost = rank_cost(ctx.relax_mod, ctx.tvm_target, ctx.store.database, ctx.sample_list(samples),
+            cost = rank_cost(ctx.relax_mod, ctx.tvm_target, ctx.store.database, inputs,
                              tvm.device(ctx.profile.device, 0), ctx.winograd, before_timing=ctx.untuned.library)
         # timed now, where it is ready, and reported by the measure stage: a guess of its time from the tuned
         # model's (200x on an AVX-512 VM, 28-61x on a Zen 3 one) had kept 9 s too many for a ResNet-18
-        ctx.untuned.latency_ms(lambda library: ctx.device.latency_ms(library, ctx.sample_list(samples)))
+        ctx.untuned.latency_ms(lambda library: ctx.device.latency_ms(library, inputs))
         one_rank = cost.total_s
         cores_shared = threads is not None and threads < ctx.profile.cpu_threads
         ctx.ranks_that_fit = ranks_that_fit(cost.compared_s, ctx.budget_s)
