@@ -95,6 +95,16 @@ def on_free_cores(cores: int | None) -> Iterator[int | None]:
         use_cpu_threads(cores)
 
 
+def waited_for_a_core_s() -> float:
+    """Seconds the calling thread has spent ready to run while no core was free for it (the kernel's run-queue wait,
+    /proc/thread-self/schedstat); 0 where the kernel does not say. A span's wall time less what this grew by is
+    about what the span takes where nothing else wants the cores."""
+    try:
+        return int(Path("/proc/thread-self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def _processes() -> dict[int, _Process]:
     """Every process's parent, CPU ticks and nice value; empty where there is no /proc."""
     found: dict[int, _Process] = {}

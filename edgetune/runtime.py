@@ -122,7 +122,7 @@ def time_model(
     """Median latency in milliseconds over _REPEATS repeats, together about `min_total_s` long, or shorter
     for a model so fast that _ENOUGH_CALLS calls take less (never under _SHORTEST_S). A model whose one call
     takes `min_total_s` is timed over single calls, at most _SLOW_REPEATS and about _SLOW_TOTAL_CALLS x
-    `min_total_s` in all (an untuned ResNet-50, 6 s a call, over one). On a CPU, the calling thread keeps off
+    `min_total_s` in all, and one whose first call takes _FIRST_CALL_ENOUGH times that by its first call. On a CPU, the calling thread keeps off
     the cores of TVM's pool threads while it times (`off_the_pool_threads_cores`).
 
     Calls per repeat come from three timed calls, not from TVM's `min_repeat_ms`: that grows the count
@@ -142,6 +142,8 @@ def _time_model(vm: relax.VirtualMachine, inputs: list[np.ndarray], device: tvm.
     vm["main"](*args)  # warm-up: first call allocates
     repeats = _REPEATS
     first_call_s = time.perf_counter() - started
+    if first_call_s >= _FIRST_CALL_ENOUGH * min_total_s:  # what the first call allocates is lost in its length
+        return first_call_s * 1e3
     if first_call_s >= min_total_s:  # 5 calls of an untuned ResNet-50 took 30 s of a build's 6-minute budget
         number, repeats = 1, _slow_repeats(first_call_s, min_total_s)
     else:
@@ -160,6 +162,8 @@ def timed_seconds(per_call_s: float, min_total_s: float = 1.0) -> float:
 def time_model_seconds(per_call_s: float, min_total_s: float = 1.0) -> float:
     """How long `time_model` takes, all its calls counted, for a model whose call takes `per_call_s`: what a
     time budget keeps for one timing. TVM's time evaluator adds an untimed call before its repeats."""
+    if per_call_s >= _FIRST_CALL_ENOUGH * min_total_s:
+        return per_call_s
     if per_call_s >= min_total_s:
         return per_call_s * (1 + 1 + _slow_repeats(per_call_s, min_total_s))
     calls = 1 + (1 + _SIZING_CALLS) + (1 + _REPEATS * _calls_per_repeat(per_call_s, min_total_s))
@@ -176,6 +180,13 @@ def _calls_per_repeat(call_s: float, min_total_s: float) -> int:
 
 
 _REPEATS = 5
+_FIRST_CALL_ENOUGH = 10
+"""A model whose first call takes this many times a timing's length is timed by that call alone (its warm-up
+allocates the model's memory: milliseconds of a call this long). An untuned ResNet-50, 7.6 s a call, was timed over
+three calls (the warm-up, the time evaluator's own untimed call, one timed): 23 s of a 10-minute build."""
+UNTUNED_TIMING_S = 0.2
+"""How long the untuned model is timed (`min_total_s`): its latency is the manifest's figure beside the tuned one,
+and a second's timing of it (an untuned ResNet-18's 0.9-s calls: eleven of them) came out of the tuning's budget."""
 _SIZING_CALLS = 3
 """Timed calls that size a repeat."""
 _SLOW_REPEATS = 3

@@ -18,7 +18,7 @@ from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from tvm.s_tir.meta_schedule.builder import BuilderInput
 from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-from edgetune.machine_load import OtherLoad, sampled_free_threads
+from edgetune.machine_load import OtherLoad, sampled_free_threads, waited_for_a_core_s
 from edgetune.tuning.builder import CandidateBuilder
 from edgetune.tuning.local_runner import LocalCandidateRunner
 from edgetune.tuning.measurements import mean_seconds
@@ -68,6 +68,32 @@ def test_the_builds_own_workers_and_lower_priority_programs_take_nothing() -> No
     finally:
         worker.kill()
         worker.wait()
+
+
+def _spin_on_core_zero(seconds: float) -> float:
+    """Run `seconds` of wall time on core 0 alone; the calling thread's wait for a core meanwhile."""
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {0})
+    try:
+        waited_before, ends = waited_for_a_core_s(), time.monotonic() + seconds
+        while time.monotonic() < ends:
+            pass
+        return waited_for_a_core_s() - waited_before
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+def test_a_thread_that_shares_its_core_counts_its_wait_for_it() -> None:
+    """What a compile beside another compile is counted without (selection.rank_cost): the time it was ready and
+    had no core. Alone on its core a thread hardly waits; beside a busy loop on that core, about half the time."""
+    assert _spin_on_core_zero(0.4) < 0.1
+    loop = subprocess.Popen([sys.executable, "-c", "import os\nos.sched_setaffinity(0, {0})\nwhile True: pass"])
+    try:
+        time.sleep(0.2)
+        assert 0.1 < _spin_on_core_zero(0.6) < 0.5
+    finally:
+        loop.kill()
+        loop.wait()
 
 
 def _pool_threads(runner: LocalCandidateRunner) -> int:

@@ -87,12 +87,13 @@ def _matmul_vm(n: int):
 def test_a_time_budget_keeps_what_a_model_timing_takes() -> None:
     """A budget keeps `time_model_seconds` for each timing of the last stages (build/tune.py): it must follow what
     `time_model` does, for a fast model (repeats sized by three calls) and one whose single call takes the whole
-    timing's length (a warm-up and single calls: here with a 0.05-s timing, as an untuned model with 1 s)."""
+    timing's length (a warm-up and single calls: here with a 0.05-s timing, as an untuned model with 1 s), and one
+    whose first call takes ten timings' length (that call alone: here with a 0.002-s timing)."""
     import time
 
     from edgetune.runtime import time_model, time_model_seconds
 
-    for n, min_total_s in ((64, 0.2), (512, 0.02)):
+    for n, min_total_s in ((64, 0.2), (512, 0.05), (512, 0.002)):
         vm, inputs = _matmul_vm(n)
         call_ms = time_model(vm, inputs, tvm.cpu(0), min_total_s=min_total_s)
         started = time.perf_counter()

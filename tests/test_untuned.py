@@ -33,10 +33,12 @@ def test_the_library_is_compiled_apart_once_while_this_process_goes_on(tmp_path)
     untuned.start()  # once
     assert time.monotonic() - started < 5  # it returns at once: the compile runs in the other process
     assert len(multiprocessing.active_children()) == 1
+    assert untuned.compiling_apart  # what the reserve's compile beside it is told (selection.rank_cost)
 
     library = untuned.library()
 
     assert library == tmp_path / "work" / "untuned.so" and library.stat().st_size > 0
+    assert not untuned.compiling_apart
     assert untuned.library() == library and not multiprocessing.active_children()  # ended, not compiled again
 
 
@@ -105,6 +107,7 @@ def test_a_model_not_worth_a_process_is_compiled_here_when_first_asked_for(tmp_p
                            lambda: None, constant_bytes(relax_mod), apart=False)
     untuned.start()
     assert not multiprocessing.active_children() and not (tmp_path / "untuned.so").exists()
+    assert not untuned.compiling_apart
     assert untuned.library() == tmp_path / "untuned.so" and (tmp_path / "untuned.so").stat().st_size > 0
     assert not multiprocessing.active_children()
 

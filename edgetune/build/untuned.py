@@ -82,6 +82,11 @@ class UntunedModel:
             self._library = export_untuned(*self._arguments())
         return self._library
 
+    @property
+    def compiling_apart(self) -> bool:
+        """Whether its compile runs in a process of its own now, beside whatever this process does."""
+        return self._process is not None and self._library is None
+
     def latency_ms(self, time_library: Callable[[Path], float]) -> float:
         """Its latency, timed by `time_library` once per build: where a budget sizes its reserve, then (the
         library is ready, and the stages after tuning keep no guess of its time), else by the measure stage."""

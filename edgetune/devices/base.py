@@ -56,8 +56,8 @@ class Device(ABC):
         command, not a function: the untuned model is compiled and linked in a process of its own."""
 
     @abstractmethod
-    def latency_ms(self, library: Path, inputs: list[np.ndarray]) -> float:
-        """Median latency of a compiled model, timed on the device."""
+    def latency_ms(self, library: Path, inputs: list[np.ndarray], min_total_s: float = 1.0) -> float:
+        """Median latency of a compiled model, timed on the device for about `min_total_s` (`time_model`)."""
 
     @contextmanager
     def thread_wait_timers(self, library: Path, inputs: list[np.ndarray], ways: Sequence[ThreadWait],

@@ -44,10 +44,10 @@ class LocalDevice(Device):
     def link_compiler(self) -> str | None:
         return None
 
-    def latency_ms(self, library: Path, inputs: list[np.ndarray]) -> float:
+    def latency_ms(self, library: Path, inputs: list[np.ndarray], min_total_s: float = 1.0) -> float:
         from edgetune.isolated import in_own_process
 
-        return in_own_process(library, library_latency_ms, library, inputs, self.cpu_threads)
+        return in_own_process(library, library_latency_ms, library, inputs, self.cpu_threads, None, min_total_s)
 
     @contextmanager
     def thread_wait_timers(self, library: Path, inputs: list[np.ndarray], ways: Sequence[ThreadWait],
@@ -85,7 +85,7 @@ _LOADED: dict[tuple[str, int, int], Any] = {}
 
 
 def library_latency_ms(library: Path, inputs: list[np.ndarray], cpu_threads: int | None,
-                       pool: Path | None = None) -> float:
+                       pool: Path | None = None, min_total_s: float = 1.0) -> float:
     """The library's median latency on this machine's CPU, on `cpu_threads` threads when the profile sets them,
     its parallel loops in edgetune's thread pool `pool` where given (thread_pool.py). A library is loaded once
     per process (TVM never unloads one): timed again, the loaded one runs."""
@@ -100,4 +100,4 @@ def library_latency_ms(library: Path, inputs: list[np.ndarray], cpu_threads: int
     key = (str(library.resolve()), facts.st_mtime_ns, facts.st_size)  # a rewritten library is loaded anew
     if key not in _LOADED:
         _LOADED[key] = load_library(library, device, pool, cpu_threads or os.cpu_count() or 1)
-    return time_model(_LOADED[key], inputs, device)
+    return time_model(_LOADED[key], inputs, device, min_total_s)

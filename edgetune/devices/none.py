@@ -36,7 +36,7 @@ class UnreachableDevice(Device):
     def link_compiler(self) -> str | None:
         self._refuse()
 
-    def latency_ms(self, library: Path, inputs: list[np.ndarray]) -> float:
+    def latency_ms(self, library: Path, inputs: list[np.ndarray], min_total_s: float = 1.0) -> float:
         self._refuse()
 
     def _refuse(self) -> NoReturn:

@@ -40,10 +40,10 @@ class RpcDevice(Device):
     def link_compiler(self) -> str:
         return self.remote.compiler
 
-    def latency_ms(self, library: Path, inputs: list[np.ndarray]) -> float:
+    def latency_ms(self, library: Path, inputs: list[np.ndarray], min_total_s: float = 1.0) -> float:
         from edgetune.fleet.session import remote_latency_ms
 
-        return remote_latency_ms(self.remote, library, inputs)
+        return remote_latency_ms(self.remote, library, inputs, min_total_s)
 
     def output_check(self, artifact_dir: Path, manifest: Manifest) -> tuple[str, OutputCheck]:
         from edgetune.package.verify import check_remote_outputs

@@ -34,11 +34,12 @@ def _on_device(remote: RemoteDevice, library: Path, use: Callable[..., T]) -> T:
     return use(relax.VirtualMachine(session.load_module(library.name), device), device)
 
 
-def remote_latency_ms(remote: RemoteDevice, library: Path, inputs: list[np.ndarray]) -> float:
+def remote_latency_ms(remote: RemoteDevice, library: Path, inputs: list[np.ndarray],
+                      min_total_s: float = 1.0) -> float:
     """Median latency of the library on the device, timed there (as `time_model` does here)."""
     from edgetune.runtime import time_model
 
-    return _on_device(remote, library, lambda vm, device: time_model(vm, inputs, device))
+    return _on_device(remote, library, lambda vm, device: time_model(vm, inputs, device, min_total_s))
 
 
 def remote_outputs(remote: RemoteDevice, library: Path, inputs: list[np.ndarray]) -> list[np.ndarray]:
