@@ -122,8 +122,8 @@ def time_model(
     """Median latency in milliseconds over _REPEATS repeats, together about `min_total_s` long, or shorter
     for a model so fast that _ENOUGH_CALLS calls take less (never under _SHORTEST_S). A model whose one call
     takes `min_total_s` is timed over single calls, at most _SLOW_REPEATS and about _SLOW_TOTAL_CALLS x
-    `min_total_s` in all, and one whose first call takes _FIRST_CALL_ENOUGH times that by its first call. On a CPU, the calling thread keeps off
-    the cores of TVM's pool threads while it times (`off_the_pool_threads_cores`).
+    `min_total_s` in all, and one whose first call takes _FIRST_CALL_ENOUGH times that by its first call. On a
+    CPU, the calling thread keeps off the cores of TVM's pool threads while it times (`off_the_pool_threads_cores`).
 
     Calls per repeat come from three timed calls, not from TVM's `min_repeat_ms`: that grows the count
     by 1.618x steps until a repeat is long enough and keeps the overshoot, so a 0.03 ms model took

@@ -1,7 +1,9 @@
 """The untuned model, compiled and exported in a process of its own beside a compile of this one (a large one).
 
-A compile keeps one core busy: on a 2-core machine MobileNet-V2's tuned compile and export took 28.7 s alone and
-28.8 s with the untuned one (18.8 s alone) compiling beside it in another process. The untuned model is compiled
+A compile leaves a core idle for part of its time (its relax passes run on one): on a 2-core machine MobileNet-V2's
+tuned compile took 14.5-15.1 s with the untuned one compiling beside it in another process against 10.4-11.0 s alone,
+and both libraries were ready after 17.0-19.7 s against 26.3-27.0 s one after the other (the reserve counts its
+compile without that contention: selection.rank_cost). The untuned model is compiled
 once per target, for the manifest's untuned latency and as the default schedules of the in-model comparison.
 It starts beside the budget's reserve compile (build/tune.py) or else the first compile after tuning
 (build/compile.py), and whatever times anything here waits for it first: a compile beside a timing disturbs it.
