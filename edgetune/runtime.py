@@ -186,7 +186,7 @@ allocates the model's memory: milliseconds of a call this long). An untuned ResN
 three calls (the warm-up, the time evaluator's own untimed call, one timed): 23 s of a 10-minute build."""
 UNTUNED_TIMING_S = 0.2
 """How long the untuned model is timed (`min_total_s`): its latency is the manifest's figure beside the tuned one,
-and a second's timing of it (an untuned ResNet-18's 0.9-s calls: eleven of them) came out of the tuning's budget."""
+and a second's timing of it (an untuned GoogLeNet's 0.8-s calls: eleven of them) came out of the tuning's budget."""
 _SIZING_CALLS = 3
 """Timed calls that size a repeat."""
 _SLOW_REPEATS = 3
