@@ -163,3 +163,10 @@ class TargetBuild:
     def sample_list(self, samples: dict) -> list:
         """The model's sample inputs in its input order."""
         return [samples[i.name] for i in self.model.inputs]
+
+    def untuned_latency_ms(self, inputs: list) -> float:
+        """The untuned model's latency on the target's device, timed once per build (by the budget's reserve, else
+        the measure stage) and briefly: UNTUNED_TIMING_S."""
+        from edgetune.runtime import UNTUNED_TIMING_S
+
+        return self.untuned.latency_ms(lambda library: self.device.latency_ms(library, inputs, UNTUNED_TIMING_S))

@@ -14,7 +14,6 @@ from edgetune.build.context import TargetBuild
 from edgetune.machine_load import TAKEN_CORE, OtherLoad, low_priority_busy_process
 from edgetune.runtime import (
     TIMING_ROUNDS,
-    UNTUNED_TIMING_S,
     ThreadWait,
     each_in_turns,
     thread_wait_policy,
@@ -91,7 +90,7 @@ def measure_stage(ctx: TargetBuild, library: Path, samples: dict[str, np.ndarray
     if reference_ms:
         _say_spread(ctx, "tuned model", tuned_ms)
         _say_spread(ctx, ctx.reference.display_name, reference_ms)
-    untuned_ms = ctx.untuned.latency_ms(lambda library: device.latency_ms(library, inputs, UNTUNED_TIMING_S))
+    untuned_ms = ctx.untuned_latency_ms(inputs)
     return Latency(tuned=float(np.median(tuned_ms)), untuned=untuned_ms,
                    reference=float(np.median(reference_ms)) if reference_ms else None, measured_on=device.where,
                    thread_wait=thread_wait)

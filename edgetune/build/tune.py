@@ -14,14 +14,7 @@ from edgetune.frontend.onnx import fuse_for_tuning
 from edgetune.isolated import LOADED_APART_BYTES
 from edgetune.machine_load import BUSY_START_S
 from edgetune.report.summary import TargetResult
-from edgetune.runtime import (
-    FULL_TIMING_CALL_S,
-    SPIN_DOWN_S,
-    TIMING_ROUNDS,
-    UNTUNED_TIMING_S,
-    thread_wait_ways,
-    time_model_seconds,
-)
+from edgetune.runtime import FULL_TIMING_CALL_S, SPIN_DOWN_S, TIMING_ROUNDS, thread_wait_ways, time_model_seconds
 from edgetune.tuning.builder import STRAGGLER_FACTOR
 from edgetune.tuning.measurements import NoiseCounts
 from edgetune.tuning.shards import tune_in_shards
@@ -291,15 +284,14 @@ def _budget_reserve(ctx: TargetBuild):
         # done before any timing
         ctx.untuned.start()
         # timed on the cores the comparison will have: timed on both threads beside a busy loop, a ResNet-18's
-        # reserve said 237 s for the stages after tuning, which took 77 s (the untuned model's timing is scaled
-        # from this one's call)
+        # reserve said 237 s for the stages after tuning, which took 77 s
         with on_free_cores(ctx.profile.cpu_threads) as threads:
             cost = rank_cost(ctx.relax_mod, ctx.tvm_target, ctx.store.database, inputs,
                              tvm.device(ctx.profile.device, 0), ctx.winograd, before_timing=ctx.untuned.library,
                              compiled_beside=ctx.untuned.compiling_apart)
         # timed now, where it is ready, and reported by the measure stage: a guess of its time from the tuned
         # model's (200x on an AVX-512 VM, 28-61x on a Zen 3 one) had kept 9 s too many for a ResNet-18
-        ctx.untuned.latency_ms(lambda library: ctx.device.latency_ms(library, inputs, UNTUNED_TIMING_S))
+        ctx.untuned_latency_ms(inputs)
         one_rank = cost.total_s
         cores_shared = threads is not None and threads < ctx.profile.cpu_threads
         ctx.ranks_that_fit = ranks_that_fit(cost.compared_s, ctx.budget_s)
