@@ -7,7 +7,8 @@ unless `--search` says otherwise, the given budget): once on the idle machine, o
 CPU-bound processes (busy loops at normal priority) running beside the build. Then, with the machine
 idle again, both artifacts and ONNX Runtime are timed interleaved (in a process per way the artifacts' threads
 wait, as each ships them: `time_artifacts`), and the table gives
-each latency and the ratio busy / idle (1.0: the busy machine cost nothing; the goal is within 1.1).
+each latency and the ratio busy / idle (1.0: the busy machine cost nothing; the goal is within 1.1): round by
+round where one process timed both, else through the ONNX Runtime timed beside each (`ArtifactTimes`).
 
 `--without-remeasure` adds a build per seed, on the busy machine with disturbed timings kept as first
 measured (edgetune.tuning.measurements.REMEASURES = 0 in this process, where the builds run): the
@@ -37,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e import build_artifact, recipe_text, time_side_by_side  # noqa: E402  (sets the thread counts first)
-from timing import add_keep_option, build_directory  # noqa: E402
+from timing import REFERENCE, ArtifactTimes, add_keep_option, build_directory  # noqa: E402
 
 HOG = "while True:\n    pass\n"
 
@@ -97,13 +98,14 @@ def build(model: str, budget_min: float, search: str, seed: int, hogs: int, outp
     return summary
 
 
-def time_artifacts(model_source: dict, libraries: dict[str, Path], repeats: int) -> dict[str, float]:
-    """Median ms of each library and of ONNX Runtime, interleaved on the (now idle) machine, each library with its
-    threads waiting as its artifact ships them (io.json's `cpu_thread_spin_count`, which its run script sets, and
+def time_artifacts(model_source: dict, libraries: dict[str, Path], repeats: int) -> ArtifactTimes:
+    """Each library and ONNX Runtime timed in turns on the (now idle) machine, each library with its threads
+    waiting as its artifact ships them (io.json's `cpu_thread_spin_count`, which its run script sets, and
     `cpu_thread_pool`, edgetune's thread pool, which it starts).
     TVM's pool reads the count once per process, so each way is timed in a process of its own, ONNX Runtime in
-    each ("onnxruntime": its median over them). Timed in this process, every artifact had spun, also those that
-    ship sleeping threads (a ResNet-18's 20.6 ms spinning, 25.0 ms sleeping as shipped).
+    each: an artifact is compared with the ONNX Runtime of its own process (`ArtifactTimes`). Timed in this
+    process, every artifact had spun, also those that ship sleeping threads (a ResNet-18's 20.6 ms spinning,
+    25.0 ms sleeping as shipped).
     `model_source`: the recipe's `model` mapping the libraries were built from ({"zoo": ...} or {"onnx": ...})."""
     from edgetune.runtime import SPIN_COUNT_ENV
 
@@ -111,8 +113,7 @@ def time_artifacts(model_source: dict, libraries: dict[str, Path], repeats: int)
     for name, path in libraries.items():
         count, pool = shipped_way(path)
         by_way.setdefault((count, pool is not None), {})[name] = str(path)
-    times: dict[str, float] = {}
-    references = []
+    times = ArtifactTimes([])
     for (count, pooled), group in by_way.items():
         env = {k: v for k, v in os.environ.items() if k != SPIN_COUNT_ENV}
         if count is not None:
@@ -124,14 +125,11 @@ def time_artifacts(model_source: dict, libraries: dict[str, Path], repeats: int)
             raise SystemExit(f"timing the artifacts failed:\n{child.stdout[-2000:]}{child.stderr[-2000:]}")
         *rounds, last = child.stdout.splitlines()
         print("\n".join(rounds), flush=True)
-        timed = json.loads(last)
-        references.append(timed.pop("onnxruntime"))
-        times.update(timed)
+        times.processes.append(json.loads(last))
         way = ("in edgetune's pool" if pooled else "sleeping" if count == 0 else "spinning" if count is None
                else f"spin count {count}")
         print(f"    timed with their threads {way}: {', '.join(group)}; ONNX Runtime beside them "
-              f"{references[-1]:.2f} ms", flush=True)
-    times["onnxruntime"] = float(np.median(references))
+              f"{np.median(times.processes[-1][REFERENCE]):.2f} ms", flush=True)
     return times
 
 
@@ -150,8 +148,8 @@ def shipped_way(library: Path) -> tuple[int | None, Path | None]:
     return spec.get("cpu_thread_spin_count"), library.parent / pool if pool else None
 
 
-def time_here(model_source: dict, libraries: dict[str, Path], repeats: int) -> dict[str, float]:
-    """Median ms of each library and of ONNX Runtime, interleaved in this process."""
+def time_here(model_source: dict, libraries: dict[str, Path], repeats: int) -> dict[str, list[float]]:
+    """Each library's and ONNX Runtime's median ms per round, the rounds interleaved in this process."""
     import tvm
 
     from edgetune.frontend.onnx import load_model
@@ -168,8 +166,8 @@ def time_here(model_source: dict, libraries: dict[str, Path], repeats: int) -> d
                 for name, path in libraries.items()}
     session = ReferenceRuntime(model)._session(2)
     runners = {name: (lambda vm=vm: vm["main"](tvm_x)) for name, vm in machines.items()}
-    runners["onnxruntime"] = lambda: session.run(None, {model.inputs[0].name: x})
-    return {name: t["median_ms"] for name, t in time_side_by_side(runners, repeats, 1.0).items()}
+    runners[REFERENCE] = lambda: session.run(None, {model.inputs[0].name: x})
+    return {name: t["rounds_ms"] for name, t in time_side_by_side(runners, repeats, 1.0).items()}
 
 
 VARIANTS = {"busy-no-remeasure": (False, True, True), "busy-same-threads": (True, False, True),
@@ -218,6 +216,7 @@ def main() -> int:
 
 
 def print_table(args: argparse.Namespace, rows: list) -> None:
+    """Per build: its latency, against the idle build's (`ArtifactTimes.relative`) and ONNX Runtime's (beside it)."""
     hogs = f"in bursts ({args.hog_bursts[0]:g} s on, {args.hog_bursts[1]:g} s off)" if args.hog_bursts else "throughout"
     print(f"\n{args.model}, {args.search}, {args.budget_min} min, {args.hogs} hog(s) beside the busy builds {hogs}")
     print("seed  build               ms  /idle  vs ORT  trials  wall s  beat ORT s  disturbed/again/stayed  "
@@ -225,17 +224,17 @@ def print_table(args: argparse.Namespace, rows: list) -> None:
     for seed, built, times in rows:
         for label, summary in built.items():
             beat = summary.get("time_to_beat_reference_s")
-            print(f"{seed:4d}  {label:17s} {times[label]:6.2f} {times[label] / times['idle']:6.3f}x "
-                  f"{times['onnxruntime'] / times[label]:6.3f}x {summary['trials_measured']:6d} "
+            print(f"{seed:4d}  {label:17s} {times.ms(label):6.2f} {times.relative(label, 'idle'):6.3f}x "
+                  f"{times.vs_reference(label):6.3f}x {summary['trials_measured']:6d} "
                   f"{summary['wall_s']:7.0f}  {'never' if beat is None else f'{beat:.0f}':>10}  "
                   f"{summary['timings_disturbed']}/{summary['timings_remeasured']}/"
                   f"{summary['timings_still_disturbed']:<14} {summary.get('timings_on_fewer_threads', 0):13d}  "
                   f"{summary.get('timings_in_slow_windows', 0)}/{summary.get('timings_retimed_quiet', 0)}/"
                   f"{summary.get('timings_still_slow', 0)}")
-        print(f"{seed:4d}  onnxruntime       {times['onnxruntime']:6.2f}")
+        print(f"{seed:4d}  onnxruntime       {times.reference_ms():6.2f}")
     for label in rows[0][1]:
         if label != "idle":
-            ratios = [times[label] / times["idle"] for _, _, times in rows]
+            ratios = [times.relative(label, "idle") for _, _, times in rows]
             print(f"{label} / idle: median {np.median(ratios):.3f}x, range {min(ratios):.3f}-{max(ratios):.3f}x")
 
 

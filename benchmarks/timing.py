@@ -8,6 +8,7 @@ import contextlib
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +91,49 @@ def kernel_calls(vm, args: list, runs: int) -> list[tuple[str, tuple[int, ...] |
         vm["main"](*args)
     vm.set_instrument(None)
     return calls
+
+
+def paired_ratio(numerator_rounds: list[float], denominator_rounds: list[float]) -> float:
+    """The median over rounds of numerator / denominator, each round's pair timed in turns: a spell of the machine
+    that slows both within a round cancels out, where a ratio of the two medians can pair a slow round of one with
+    a fast one of the other."""
+    return float(np.median([n / d for n, d in zip(numerator_rounds, denominator_rounds, strict=True)]))
+
+
+REFERENCE = "onnxruntime"
+
+
+@dataclass
+class ArtifactTimes:
+    """Artifacts and ONNX Runtime timed in turns, in one or more processes (one per way the artifacts' threads
+    wait), each process timing ONNX Runtime among its artifacts. The processes run one after another, so their
+    rounds are compared only through the ONNX Runtime timed in each: in one such run, ONNX Runtime's median was
+    36.83 ms in the first process and 22.75 ms in the second, minutes later, and a ratio to one median of both
+    (29.79 ms) put an artifact at 1.37x where its own rounds, paired with ONNX Runtime's, said 1.10x."""
+
+    processes: list[dict[str, list[float]]]  # per timing process: each system's median ms per round
+
+    def _rounds_of(self, name: str) -> dict[str, list[float]]:
+        return next(rounds for rounds in self.processes if name in rounds)
+
+    def ms(self, name: str) -> float:
+        return float(np.median(self._rounds_of(name)[name]))
+
+    def reference_ms(self, name: str | None = None) -> float:
+        """ONNX Runtime's median beside `name`; None: the median of the processes' medians."""
+        if name is not None:
+            return float(np.median(self._rounds_of(name)[REFERENCE]))
+        return float(np.median([np.median(rounds[REFERENCE]) for rounds in self.processes]))
+
+    def vs_reference(self, name: str) -> float:
+        """How many times faster than ONNX Runtime `name` ran, round by round beside it (paired_ratio)."""
+        rounds = self._rounds_of(name)
+        return paired_ratio(rounds[REFERENCE], rounds[name])
+
+    def relative(self, name: str, base: str) -> float:
+        """`name`'s time against `base`'s: round by round where one process timed both, else through the ONNX
+        Runtime each was timed beside."""
+        rounds = self._rounds_of(name)
+        if base in rounds:
+            return paired_ratio(rounds[name], rounds[base])
+        return self.vs_reference(base) / self.vs_reference(name)

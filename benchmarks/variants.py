@@ -12,8 +12,9 @@ rotating, each as the `edgetune build` command in its own process with a fresh r
 artifacts and ONNX Runtime are timed interleaved on the idle machine.
 
 Printed: per build, the seconds tuned, trials, the tuning time after which it first beat ONNX Runtime
-(the build's own estimate) and the final latency; per variant, the median and range over
-seeds, and each variant's median against the first's.
+(the build's own estimate), the final latency and its speed against ONNX Runtime's (round by round in the
+process that timed it: `ArtifactTimes`); per variant, the median and range over seeds, and each variant's
+median time against ONNX Runtime's over the first's.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from busy_machine import time_artifacts  # noqa: E402  (through e2e: sets the thread counts first)
 from models import onnx_model  # noqa: E402
 from time_to_quality import build, recipe  # noqa: E402
-from timing import add_keep_option, build_directory  # noqa: E402
+from timing import ArtifactTimes, add_keep_option, build_directory  # noqa: E402
 
 
 @dataclass
@@ -122,25 +123,29 @@ def model_mapping(args: argparse.Namespace) -> dict[str, Any]:
     return onnx_model(args.onnx, args.input_shapes)
 
 
-def print_table(rows: list[dict[str, Any]], times: dict[str, float], args: argparse.Namespace) -> None:
-    ort = times["onnxruntime"]
-    print(f"\n{args.onnx or args.model}, {args.budget_min} min budget, seeds {args.seeds}; ONNX Runtime {ort:.2f} ms")
+def print_table(rows: list[dict[str, Any]], times: ArtifactTimes, args: argparse.Namespace) -> None:
+    """Per build: its latency and its speed against ONNX Runtime's beside it, round by round
+    (`ArtifactTimes.vs_reference`); per variant the medians, and each variant against the first."""
+    print(f"\n{args.onnx or args.model}, {args.budget_min} min budget, seeds {args.seeds}; ONNX Runtime "
+          f"{times.reference_ms():.2f} ms")
     print("variant               seed  tuning s  trials  build s  beat ORT s  final ms  vs ORT")
     for r in rows:
-        r["final_ms"] = final = times[f"{r['variant']}-{r['seed']}"]
+        name = f"{r['variant']}-{r['seed']}"
+        r["final_ms"], r["vs_ort"] = times.ms(name), times.vs_reference(name)
         beat = r.get("time_to_beat_reference_s")  # the build's own estimate, against its own ORT timing
         print(f"{r['variant']:20s}  {r['seed']:4d}  {r['tuning_s']:8.0f}  {r['trials_measured']:6d}  "
-              f"{r['build_wall_s']:7.0f}  {'never' if beat is None else f'{beat:.0f}':>10s}  {final:8.2f}  "
-              f"{ort / final:5.2f}x")
-    medians = {}
+              f"{r['build_wall_s']:7.0f}  {'never' if beat is None else f'{beat:.0f}':>10s}  {r['final_ms']:8.2f}  "
+              f"{r['vs_ort']:5.2f}x")
+    speeds = {}
     for variant in args.variant:
-        finals = [r["final_ms"] for r in rows if r["variant"] == variant.name]
-        medians[variant.name] = float(np.median(finals))
-        print(f"{variant.name}: median {medians[variant.name]:.2f} ms ({min(finals):.2f}-{max(finals):.2f}), "
-              f"{ort / medians[variant.name]:.2f}x ONNX Runtime")
+        mine = [r for r in rows if r["variant"] == variant.name]
+        finals, speeds[variant.name] = [r["final_ms"] for r in mine], float(np.median([r["vs_ort"] for r in mine]))
+        print(f"{variant.name}: median {np.median(finals):.2f} ms ({min(finals):.2f}-{max(finals):.2f}), "
+              f"{speeds[variant.name]:.2f}x ONNX Runtime")
     first, *others = args.variant
     for other in others:
-        print(f"median latency, {other.name} / {first.name}: {medians[other.name] / medians[first.name]:.2f}")
+        print(f"median latency against ONNX Runtime's, {other.name} / {first.name}: "
+              f"{speeds[first.name] / speeds[other.name]:.2f}")
 
 
 if __name__ == "__main__":
