@@ -17,6 +17,7 @@ from edgetune.frontend.winograd import WinogradPolicy
 from edgetune.profiles import DeviceProfile
 from edgetune.recipe import FleetTarget, Recipe
 from edgetune.reference import ReferenceRuntime
+from edgetune.runtime import UNTUNED_TIMING_S
 from edgetune.toolchains import Toolchain
 from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.shards import ShardPool
@@ -167,6 +168,4 @@ class TargetBuild:
     def untuned_latency_ms(self, inputs: list) -> float:
         """The untuned model's latency on the target's device, timed once per build (by the budget's reserve, else
         the measure stage) and briefly: UNTUNED_TIMING_S."""
-        from edgetune.runtime import UNTUNED_TIMING_S
-
         return self.untuned.latency_ms(lambda library: self.device.latency_ms(library, inputs, UNTUNED_TIMING_S))
