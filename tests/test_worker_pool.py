@@ -303,3 +303,37 @@ def test_a_killed_builds_candidates_are_removed_by_the_next_builder_and_nothing_
             [unmarked.name, elsewhere.name, "users-file", os.path.basename(live.owned_dir)])
     finally:
         live.close()
+
+
+def _worker_processes() -> set[int]:
+    """This process's children that are pool workers (`python -m edgetune.isolated`)."""
+    children = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = Path("/proc", entry, "status").read_text()
+            command = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
+        except OSError:  # ended meanwhile
+            continue
+        parent = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:"))
+        if parent == os.getpid() and b"edgetune.isolated" in command:
+            children.add(int(entry))
+    return children
+
+
+def test_the_tunings_workers_start_when_its_builder_is_made_and_run_its_first_jobs() -> None:
+    """A worker's start imports TVM (1.1-1.4 s on two busy cores): started with the builder, the workers are up
+    when the first batch's builds come, instead of after its seeds were replayed or its drafts made."""
+    before = _worker_processes()
+    builder, runner = local_builder_runner(2, "cpu")
+    try:
+        deadline = time.monotonic() + 60
+        while len(_worker_processes() - before) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        started = _worker_processes() - before
+        assert len(started) == 2
+        assert {builder.pool.submit(os.getpid).result() for _ in range(8)} <= started
+    finally:
+        builder.close()
+        runner.close()

@@ -271,18 +271,22 @@ def _measurers(plan: TuningPlan, stop: threading.Event):
 
 
 def local_builder_runner(cores: int, device: str) -> tuple[ms.builder.Builder, ms.runner.Runner]:
-    """Candidates built and run on this machine, on the target's cores, by one pool of workers."""
+    """Candidates built and run on this machine, on the target's cores, by one pool of workers, which start
+    now: the first batch's seeds are replayed or its drafts made while they do."""
     if device == "cpu":
         use_cpu_threads(cores)  # inherited by the runner's workers
     workers = WorkerPool(cores, timeout=None, stderr=subprocess.DEVNULL)
+    workers.start_workers()
     runner = LocalCandidateRunner(timing(device), pool=workers, cpu_threads=cores if device == "cpu" else None)
     return linking_builder(cores, None, pool=workers), runner
 
 
 def remote_builder_runner(remote: RemoteDevice, cores: int, device: str,
                           stop: threading.Event) -> tuple[ms.builder.Builder, ms.runner.Runner]:
-    """Candidates linked here for the device and measured on it over RPC; a lost key sets `stop`."""
+    """Candidates linked here for the device and measured on it over RPC; a lost key sets `stop`. The builder's
+    workers start now, as on this machine."""
     builder = linking_builder(cores, remote.compiler)
+    builder.pool.start_workers()
     return builder, RetryingRPCRunner(remote, stop, timing(device))
 
 

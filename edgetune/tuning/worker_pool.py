@@ -44,6 +44,10 @@ class TorchFreeWorker(PopenWorker):
         self._writer = os.fdopen(main_write, "wb")
 
 
+def _nothing() -> None:
+    """The job that starts a worker (`WorkerPool.start_workers`)."""
+
+
 def ignore_interrupts() -> None:
     """Workers share the terminal's process group: Ctrl-C is for the main process, which stops them."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -102,6 +106,7 @@ class WorkerPool(PopenPoolExecutor):
         super().__init__(max_workers=max_workers, timeout=timeout, initializer=ignore_interrupts,
                          maximum_process_uses=uses_per_worker, stderr=stderr)
         self._running: set[Job] = set()
+        self._workers = max_workers
 
     def submit_with_timeout(self, timeout: float | None, fn, *args) -> Future:
         """`fn(*args)` on a worker, killed after `timeout` seconds (None: never)."""
@@ -112,6 +117,13 @@ class WorkerPool(PopenPoolExecutor):
         job = Job()
         job.future = self._threadpool.submit(self._run_on_worker, fn, args, {}, timeout, job)
         return job
+
+    def start_workers(self) -> None:
+        """Starts every worker now, without waiting for them: a worker's start imports TVM (1.1-1.4 s on two busy
+        cores), which the caller's own work meanwhile hides. Each pool thread starts its worker with a job that
+        does nothing; the jobs that follow run on those workers."""
+        for _ in range(self._workers):  # the thread pool adds a thread per job while none is idle
+            self.submit_job(None, _nothing)
 
     def _worker_run(self, fn, args, kwargs):
         """PopenPoolExecutor's own entry point (submit, map), with the pool's timeout."""
