@@ -323,7 +323,7 @@ def _worker_processes() -> set[int]:
 
 
 def test_the_tunings_workers_start_when_its_builder_is_made_and_run_its_first_jobs() -> None:
-    """A worker's start imports TVM (1.1-1.4 s on two busy cores): started with the builder, the workers are up
+    """A worker's start imports TVM (1.1-1.9 s on two busy cores): started with the builder, the workers are up
     when the first batch's builds come, instead of after its seeds were replayed or its drafts made."""
     before = _worker_processes()
     builder, runner = local_builder_runner(2, "cpu")

@@ -119,7 +119,7 @@ class WorkerPool(PopenPoolExecutor):
         return job
 
     def start_workers(self) -> None:
-        """Starts every worker now, without waiting for them: a worker's start imports TVM (1.1-1.4 s on two busy
+        """Starts every worker now, without waiting for them: a worker's start imports TVM (1.1-1.9 s on two busy
         cores), which the caller's own work meanwhile hides. Each pool thread starts its worker with a job that
         does nothing; the jobs that follow run on those workers."""
         for _ in range(self._workers):  # the thread pool adds a thread per job while none is idle
