@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import tvm
 from tvm import te
@@ -307,19 +309,12 @@ def test_a_killed_builds_candidates_are_removed_by_the_next_builder_and_nothing_
 
 def _worker_processes() -> set[int]:
     """This process's children that are pool workers (`python -m edgetune.isolated`)."""
-    children = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            status = Path("/proc", entry, "status").read_text()
-            command = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
-        except OSError:  # ended meanwhile
-            continue
-        parent = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:"))
-        if parent == os.getpid() and b"edgetune.isolated" in command:
-            children.add(int(entry))
-    return children
+    workers = set()
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.NoSuchProcess):  # ended meanwhile
+            if "edgetune.isolated" in child.cmdline():
+                workers.add(child.pid)
+    return workers
 
 
 def test_the_tunings_workers_start_when_its_builder_is_made_and_run_its_first_jobs() -> None:
