@@ -245,8 +245,12 @@ ThreadWait = Literal["spin", "sleep", "pool"]
 """How an artifact's CPU threads wait for work: TVM's pool spinning (yielding the core), TVM's pool sleeping
 (spin count 0), or edgetune's pool (thread_pool.py: a short spin that keeps the core, then sleep)."""
 
-_PREFERRED: tuple[ThreadWait, ...] = ("sleep", "pool", "spin")
-"""Between ways that cost the same: the one that leaves other programs the most, first."""
+_PREFERRED: tuple[ThreadWait, ...] = ("pool", "sleep", "spin")
+"""Between ways that cost the same: the one that lost least where it was timed over rounds, first. Edgetune's pool
+sleeps after 50 us and was not slower than sleeping threads anywhere (a ResNet-18, 5 rounds, Zen 3 VM: 16.08
+against 17.56 ms idle, 18.18 against 30.32 beside a nice-19 loop), but a build times each way once beside the busy
+process, and within its 5% two of three 10-minute builds shipped sleeping threads; of TVM's ways, sleeping leaves
+other programs the most."""
 
 
 def thread_wait_policy(idle_ms: dict[ThreadWait, float], busy_ms: dict[ThreadWait, float] | None = None
@@ -254,9 +258,9 @@ def thread_wait_policy(idle_ms: dict[ThreadWait, float], busy_ms: dict[ThreadWai
     """How an artifact's CPU threads wait for work, from the model's latency timed each way on an idle machine
     and, where every way was timed so, beside a low-priority busy process: the way whose loss against the fastest
     way, idle or busy (the larger), is the smallest; a loss up to SLEEPING_COST_ACCEPTED counts as none, and
-    ties go to the gentler way (sleeping). A ResNet-18 artifact that slept 5-21% slower idle (AVX2 VM, 4 sets
-    of 3 rounds) ran 1.59-1.67x slower spinning beside one nice-19 loop, 3.9-4.5x beside one at normal
-    priority; edgetune's pool ran a MobileNet-V2 as fast as spinning idle and as sleeping beside the loop."""
+    ties go by _PREFERRED (edgetune's pool, then sleeping). A ResNet-18 artifact that slept 5-21% slower idle
+    (AVX2 VM, 4 sets of 3 rounds) ran 1.59-1.67x slower spinning beside one nice-19 loop, 3.9-4.5x beside one at
+    normal priority; edgetune's pool ran a MobileNet-V2 as fast as spinning idle and as sleeping beside the loop."""
     busy = busy_ms if busy_ms and set(busy_ms) == set(idle_ms) else {}
 
     def loss(way: ThreadWait) -> float:
