@@ -94,7 +94,7 @@ def build(spec: dict[str, Any], target: str, records_dir: Path, checkout: Path |
     if finished.returncode != 0 or not summary_path.exists():
         raise SystemExit(f"edgetune build failed ({finished.returncode}):\n{finished.stdout[-3000:]}{finished.stderr[-3000:]}")
     for line in finished.stdout.splitlines():
-        if "tuning ended by" in line or "one compile and run" in line:
+        if any(said in line for said in ("tuning ended by", "one compile and run", "the artifact's threads")):
             print(f"    {line.strip()}", flush=True)
     summary = json.loads(summary_path.read_text())["targets"][target]
     summary["build_wall_s"] = wall_s
