@@ -295,7 +295,7 @@ class PackageSpec(_Strict):
     (TVM's default) is fastest on a device that runs nothing else, "sleep" keeps the model's speed beside other
     busy processes; "auto", on a CPU measured on this machine, also builds edgetune's thread pool (a short spin
     that keeps the core, then sleep: thread_pool.py), times it and sleeping threads, idle and beside a
-    low-priority busy process, and ships the way that loses least, sleeping where they are within 5%
+    low-priority busy process, and ships the way that loses least, the pool where they are within 5%
     (build/measure.py); it keeps TVM's default on the others."""
 
 

@@ -246,11 +246,10 @@ ThreadWait = Literal["spin", "sleep", "pool"]
 (spin count 0), or edgetune's pool (thread_pool.py: a short spin that keeps the core, then sleep)."""
 
 _PREFERRED: tuple[ThreadWait, ...] = ("pool", "sleep", "spin")
-"""Between ways that cost the same: the one that lost least where it was timed over rounds, first. Edgetune's pool
-sleeps after 50 us and was not slower than sleeping threads anywhere (a ResNet-18, 5 rounds, Zen 3 VM: 16.08
-against 17.56 ms idle, 18.18 against 30.32 beside a nice-19 loop), but a build times each way once beside the busy
-process, and within its 5% two of three 10-minute builds shipped sleeping threads; of TVM's ways, sleeping leaves
-other programs the most."""
+"""Between ways that cost the same, the first. Edgetune's pool sleeps after a 50-us spin and was nowhere slower than
+TVM's sleeping threads when timed over rounds (a ResNet-18 on a Zen 3 VM, 5 rounds: 16.08 against 17.56 ms idle,
+18.18 against 30.32 beside a nice-19 loop); a build's few timings put the two within 5% of each other, and two of
+three 10-minute builds had shipped the sleeping threads. Of TVM's two ways, sleeping leaves other programs the most."""
 
 
 def thread_wait_policy(idle_ms: dict[ThreadWait, float], busy_ms: dict[ThreadWait, float] | None = None
