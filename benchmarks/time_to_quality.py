@@ -93,12 +93,21 @@ def build(spec: dict[str, Any], target: str, records_dir: Path, checkout: Path |
     wall_s = time.monotonic() - started
     if finished.returncode != 0 or not summary_path.exists():
         raise SystemExit(f"edgetune build failed ({finished.returncode}):\n{finished.stdout[-3000:]}{finished.stderr[-3000:]}")
-    for line in finished.stdout.splitlines():
-        if any(said in line for said in ("tuning ended by", "one compile and run", "the artifact's threads")):
-            print(f"    {line.strip()}", flush=True)
+    echo_said(finished.stdout, ("tuning ended by", "one compile and run", "the artifact's threads"))
     summary = json.loads(summary_path.read_text())["targets"][target]
     summary["build_wall_s"] = wall_s
     return summary
+
+
+def echo_said(output: str, sayings: tuple[str, ...]) -> None:
+    """The build's messages that hold one of `sayings`, whole: the console wraps a long message onto lines of
+    its own, which do not start with the target's "[name]"."""
+    echoing = False
+    for line in output.splitlines():
+        if line.startswith("[") or not line.strip():
+            echoing = any(said in line for said in sayings)
+        if echoing:
+            print(f"    {line.strip()}", flush=True)
 
 
 def latency_at(curve: list[list[float]], seconds: float) -> float | None:
