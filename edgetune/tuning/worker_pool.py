@@ -106,7 +106,7 @@ class WorkerPool(PopenPoolExecutor):
         super().__init__(max_workers=max_workers, timeout=timeout, initializer=ignore_interrupts,
                          maximum_process_uses=uses_per_worker, stderr=stderr)
         self._running: set[Job] = set()
-        self._workers = max_workers
+        self._worker_count = max_workers  # beside the base class's _worker_map (the workers themselves)
 
     def submit_with_timeout(self, timeout: float | None, fn, *args) -> Future:
         """`fn(*args)` on a worker, killed after `timeout` seconds (None: never)."""
@@ -122,7 +122,7 @@ class WorkerPool(PopenPoolExecutor):
         """Starts every worker now, without waiting for them: a worker's start imports TVM (1.1-1.9 s on two busy
         cores), which the caller's own work meanwhile hides. Each pool thread starts its worker with a job that
         does nothing; the jobs that follow run on those workers."""
-        for _ in range(self._workers):  # the thread pool adds a thread per job while none is idle
+        for _ in range(self._worker_count):  # the thread pool adds a thread per job while none is idle
             self.submit_job(None, _nothing)
 
     def _worker_run(self, fn, args, kwargs):
