@@ -32,7 +32,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -239,25 +238,21 @@ def print_layers(kinds: dict[str, LayerKind], machine: Machine) -> None:
               f"{kind.weight_bytes / 1e6:10.2f} {kind.floor_s * 1e3:9.3f} {kind.winograd_floor_s * 1e3:9.3f}")
 
 
-def timed_models(model: Any, artifact: Path | None, threads: int, repeats: int) -> dict[str, float]:
-    """Median ms of ONNX Runtime and of the artifact (its threads as its build chose), timed in turns."""
-    import tvm
+def timed_models(model: Any, model_source: dict, artifact: Path | None, threads: int,
+                 repeats: int) -> dict[str, float]:
+    """Median ms of ONNX Runtime, and of the artifact with its threads waiting as it ships them: then both are
+    timed in turns in a process of its own (`busy_machine.time_artifacts`: TVM's pool reads how its threads
+    wait once per process)."""
+    if artifact is not None:
+        from busy_machine import time_artifacts
 
+        times = time_artifacts(model_source, {"artifact": artifact / "model.so"}, repeats)
+        return {"onnxruntime": times.reference_ms("artifact"), "artifact": times.ms("artifact")}
     from edgetune.reference import ReferenceRuntime
-    from edgetune.runtime import load_library
 
     feed = model.sample_inputs()
     session = ReferenceRuntime(model)._session(threads)
-    runners: dict[str, Callable[[], Any]] = {"onnxruntime": lambda: session.run(None, feed)}
-    if artifact is not None:
-        spec = json.loads((artifact / "io.json").read_text())
-        pool = artifact / spec["cpu_thread_pool"] if spec.get("cpu_thread_pool") else None
-        if spec.get("cpu_thread_spin_count") is not None:
-            os.environ["TVM_THREAD_POOL_SPIN_COUNT"] = str(spec["cpu_thread_spin_count"])
-        vm = load_library(artifact / "model.so", tvm.cpu(0), pool)
-        tvm_args = [tvm.runtime.tensor(feed[i.name], tvm.cpu(0)) for i in model.inputs]
-        runners["artifact"] = lambda: vm["main"](*tvm_args)
-    rounds, _ = interleaved_rounds(runners, repeats, 1.0, min_calls=5)
+    rounds, _ = interleaved_rounds({"onnxruntime": lambda: session.run(None, feed)}, repeats, 1.0, min_calls=5)
     return {name: float(np.median(seconds)) * 1e3 for name, seconds in rounds.items()}
 
 
@@ -267,15 +262,17 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--model", help="a zoo model")
     source.add_argument("--onnx", type=Path, help="an ONNX file")
     parser.add_argument("--input-shapes", help='e.g. {"x": [1, 3, 224, 224]}')
-    parser.add_argument("--artifact", type=Path, help="a build's artifact directory, timed beside ONNX Runtime")
+    parser.add_argument("--artifact", type=Path, help="a build's artifact directory, timed beside ONNX Runtime "
+                        "in a process of its own, its threads waiting as it ships them")
     parser.add_argument("--threads", type=int, default=int(_threads))
     parser.add_argument("--repeats", type=int, default=5, help="rounds of timing in turns")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.threads != int(os.environ["TVM_NUM_THREADS"]):
         raise SystemExit(f"--threads {args.threads}: run with E2E_THREADS={args.threads} so TVM's pool uses it")
-    if args.artifact is not None and not (args.artifact / "io.json").is_file():
-        raise SystemExit(f"{args.artifact}: no io.json (give the artifact directory of a build)")
+    if args.artifact is not None and (args.threads != 2 or not (args.artifact / "model.so").is_file()):
+        raise SystemExit(f"--artifact {args.artifact}: give the artifact directory of a build (model.so), timed on 2 "
+                         "threads (busy_machine.time_artifacts)")
     from edgetune.errors import InputError
     from edgetune.frontend.onnx import load_model
 
@@ -291,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("roofline: no convolution or matrix product with static shapes in the model")
     floors = {"direct": sum(k.floor_s for k in kinds.values()) * 1e3,
               "winograd": sum(k.winograd_floor_s for k in kinds.values()) * 1e3}
-    timed = timed_models(model, args.artifact, args.threads, args.repeats)
+    source = {"zoo": args.model} if args.model else {"onnx": str(args.onnx), "input_shapes": shapes}
+    timed = timed_models(model, source, args.artifact, args.threads, args.repeats)
     print(f"floor {floors['direct']:.3f} ms (direct), {floors['winograd']:.3f} ms (Winograd where lower); "
           f"ONNX Runtime {timed['onnxruntime']:.3f} ms, at most {timed['onnxruntime'] / floors['direct']:.2f}x "
           f"its speed by direct arithmetic, {timed['onnxruntime'] / floors['winograd']:.2f}x with Winograd")
