@@ -58,7 +58,7 @@ _PEAK_SOURCE = r"""
 #define KEEP "+x"
 #endif
 typedef float vec __attribute__((vector_size(LANES * 4)));
-#define FMA_ITERATIONS 20000000L
+#define FMA_ITERATIONS 100000000L
 #define READ_BYTES (512L << 20)
 static float *buffer;
 static int threads;
@@ -102,19 +102,29 @@ double read_gbs(int count) {
 
 @dataclass(frozen=True)
 class Machine:
-    """What this machine's cores reach at most: vector FMA flops and memory reads, per second."""
+    """What this machine's cores reach at most: vector FMA flops and memory reads, per second; and one core's FMA
+    rate, to tell a peak measured while another program held a core."""
 
     peak_gflops: float
     read_gbs: float
+    one_core_gflops: float
 
     def floor_s(self, flops: float, weight_bytes: float) -> float:
         """A layer's least time: its flops at the peak, or its weights read once from memory."""
         return max(flops / (self.peak_gflops * 1e9), weight_bytes / (self.read_gbs * 1e9))
 
+    def caution(self, threads: int) -> str | None:
+        """A warning where the threads together reached less than 3/4 of `threads` times one core's rate."""
+        if self.peak_gflops >= 0.75 * threads * self.one_core_gflops:
+            return None
+        return (f"caution: {threads} threads reached {self.peak_gflops:.1f} GFLOPS where one reaches "
+                f"{self.one_core_gflops:.1f}: other programs held cores while the peak was measured, and every "
+                "floor below is too high; run it again on an idle machine")
 
-def measure_machine(threads: int, turns: int = 3) -> Machine:
-    """The best of `turns` runs of each loop, on `threads` threads, built with this machine's C compiler for
-    its own vector width (-march=native)."""
+
+def measure_machine(threads: int, turns: int = 5) -> Machine:
+    """The best of `turns` runs of each loop (each about 0.2 s), on `threads` threads and on one, built with this
+    machine's C compiler for its own vector width (-march=native)."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise SystemExit("roofline: no C compiler (cc or gcc) to build the peak loops with")
@@ -127,7 +137,8 @@ def measure_machine(threads: int, turns: int = 3) -> Machine:
         loops.fma_gflops.restype = loops.read_gbs.restype = ctypes.c_double
         loops.fma_gflops.argtypes = loops.read_gbs.argtypes = [ctypes.c_int]
         return Machine(max(loops.fma_gflops(threads) for _ in range(turns)),
-                       max(loops.read_gbs(threads) for _ in range(turns)))
+                       max(loops.read_gbs(threads) for _ in range(turns)),
+                       max(loops.fma_gflops(1) for _ in range(turns)))
 
 
 @dataclass
@@ -230,7 +241,8 @@ def _counted_layer(node: Any, shapes: dict[str, tuple[int, ...]], weights: dict[
 
 def print_layers(kinds: dict[str, LayerKind], machine: Machine) -> None:
     total = sum(k.flops for k in kinds.values()) or 1.0
-    print(f"machine: {machine.peak_gflops:.1f} GFLOPS of vector FMAs, {machine.read_gbs:.1f} GB/s read from memory")
+    print(f"machine: {machine.peak_gflops:.1f} GFLOPS of vector FMAs ({machine.one_core_gflops:.1f} on one core), "
+          f"{machine.read_gbs:.1f} GB/s read from memory")
     print(f"{'kind of layer':28s} {'layers':>6s} {'GFLOP':>7s} {'share':>6s} {'weights MB':>10s} "
           f"{'floor ms':>9s} {'Winograd':>9s}")
     for name, kind in sorted(kinds.items(), key=lambda item: -item[1].flops):
@@ -284,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     machine = measure_machine(args.threads)
     kinds = model_layers(model, machine)
     print_layers(kinds, machine)
+    if machine.caution(args.threads):
+        print(machine.caution(args.threads))
     if not kinds:
         raise SystemExit("roofline: no convolution or matrix product with static shapes in the model")
     floors = {"direct": sum(k.floor_s for k in kinds.values()) * 1e3,
