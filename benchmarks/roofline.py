@@ -36,10 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import interleaved_rounds
 
 _PEAK_SOURCE = r"""
 #include <pthread.h>
@@ -262,10 +259,7 @@ def timed_models(model: Any, model_source: dict, artifact: Path | None, threads:
         return {"onnxruntime": times.reference_ms("artifact"), "artifact": times.ms("artifact")}
     from edgetune.reference import ReferenceRuntime
 
-    feed = model.sample_inputs()
-    session = ReferenceRuntime(model)._session(threads)
-    rounds, _ = interleaved_rounds({"onnxruntime": lambda: session.run(None, feed)}, repeats, 1.0, min_calls=5)
-    return {name: float(np.median(seconds)) * 1e3 for name, seconds in rounds.items()}
+    return {"onnxruntime": ReferenceRuntime(model).time(model.sample_inputs(), threads, min_total_s=float(repeats))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--artifact", type=Path, help="a build's artifact directory, timed beside ONNX Runtime "
                         "in a process of its own, its threads waiting as it ships them")
     parser.add_argument("--threads", type=int, default=int(_threads))
-    parser.add_argument("--repeats", type=int, default=5, help="rounds of timing in turns")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds of timing in turns with an artifact; "
+                        "without, the seconds ONNX Runtime is timed for")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.threads != int(os.environ["TVM_NUM_THREADS"]):
@@ -296,8 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     machine = measure_machine(args.threads)
     kinds = model_layers(model, machine)
     print_layers(kinds, machine)
-    if machine.caution(args.threads):
-        print(machine.caution(args.threads))
+    caution = machine.caution(args.threads)
+    if caution:
+        print(caution)
     if not kinds:
         raise SystemExit("roofline: no convolution or matrix product with static shapes in the model")
     floors = {"direct": sum(k.floor_s for k in kinds.values()) * 1e3,
