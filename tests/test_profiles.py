@@ -10,6 +10,7 @@ from tvm.target import Target, codegen
 
 from edgetune.errors import InputError
 from edgetune.profiles import (
+    flops_per_cycle,
     list_profiles,
     load_profile,
     machine_isa,
@@ -71,6 +72,13 @@ def test_host_detection() -> None:
     hw = host.hardware
     assert hw.vector_bits is not None and hw.vector_bits >= 128
     assert hw.peak_gflops == pytest.approx(hw.cores * hw.clock_ghz * hw.flops_per_cycle, abs=0.1)
+
+
+def test_host_detection_counts_flops_at_the_rate_the_cpu_runs_its_vectors() -> None:
+    assert flops_per_cycle("skylake-avx512", 512, True) == 64  # two 512-bit FMA pipes
+    assert flops_per_cycle("znver4", 512, True) == 32  # AVX-512 on two 256-bit pipes, as AVX2
+    assert flops_per_cycle("znver3", 256, True) == 32
+    assert flops_per_cycle("cortex-a72", 128, True) == 16
 
 
 def test_gpu_target_has_host() -> None:
