@@ -41,7 +41,8 @@ FP_PIPES = 2
 HALF_RATE_AVX512_CPUS = ("znver4",)
 """CPUs (LLVM's names) that run AVX-512 on 256-bit pipes: as many flops a cycle as AVX2. Counted at 512 bits,
 a Zen 4 VM's profile read 332 GFLOPS where 233 were measured, and the Winograd policy, which weighs flops
-against memory bytes, gave ResNet-18's last stage the direct convolution: about 10% slower a model (README)."""
+against memory bytes, gave ResNet-18's last stage the direct convolution: about 10% slower a model (README).
+The count moves the peak alone: the analyzer keeps two pipes (`vector_pipes`)."""
 
 Isa = Literal["x86_64", "aarch64", "armv7", "cuda", "opencl"]
 RuntimeDevice = Literal["cpu", "cuda", "opencl"]
@@ -85,6 +86,11 @@ class Hardware(_Strict):
     """Peak fp32 FLOPs per cycle per CPU core, or per SM / shader core on GPUs (an FMA counts 2)."""
     vector_bits: Annotated[int, in_range(32, 2048, "SIMD register width in bits; SVE tops out at 2048")] | None = None
     """SIMD register width (CPU profiles)."""
+    vector_pipes: Annotated[int, in_range(1, 16, "SIMD FP pipes of one core; cores have 1 to 4")] | None = None
+    """SIMD FP pipes of one CPU core, as the analyzer counts them: one full-width vector operation each a
+    cycle. Left out: flops_per_cycle / (2 * lanes). Host detection gives it, since a CPU that runs its widest
+    vectors on narrower pipes has fewer flops a cycle than pipes x lanes x 2, and the analyzer's drafts ranked
+    worse when it counted the pipes from the flops (README, "The host profile's machine balance")."""
     l1d_kb: _CacheKb
     """L1 data cache per core, or L1/shared per SM on GPUs."""
     l2_kb: _CacheKb
@@ -390,6 +396,7 @@ def detect_host() -> dict[str, Any]:
             "clock_ghz": _clock_ghz(),
             "vector_bits": vector_bits,
             "flops_per_cycle": flops_per_cycle(mcpu, vector_bits, has_fma),
+            "vector_pipes": FP_PIPES,
             "l1d_kb": l1d_kb,
             "l2_kb": l2_kb,
             "l3_kb": l3_kb,

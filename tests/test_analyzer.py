@@ -11,7 +11,7 @@ from tvm import te, topi
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
-from edgetune.profiles import load_profile
+from edgetune.profiles import Hardware, load_profile
 from edgetune.tuning.analyzer import (
     CpuAnalyzer,
     GpuAnalyzer,
@@ -54,13 +54,13 @@ def gpu_latency(mod: tvm.IRModule) -> float:
     return float(GpuAnalyzer(load_profile("a100").hardware).latency(nests_from_func(mod["main"]))[0])
 
 
-def tiled_cpu_matmul(n: int) -> tvm.IRModule:
-    """Register-blocked (4 x 16), cache-tiled, parallel over row blocks, vectorized along j."""
+def tiled_cpu_matmul(n: int, rows: int = 4, columns: int = 16) -> tvm.IRModule:
+    """Register-blocked (rows x columns), cache-tiled, parallel over row blocks, vectorized along j."""
     sch = Schedule(matmul(n))
     block = sch.get_sblock("C")
     i, j, k = sch.get_loops(block)
-    i0, i1, i2 = sch.split(i, [n // 64, 16, 4])
-    j0, j1, j2 = sch.split(j, [n // 64, 4, 16])
+    i0, i1, i2 = sch.split(i, [n // 64, 64 // rows, rows])
+    j0, j1, j2 = sch.split(j, [n // 64, 64 // columns, columns])
     k0, k1 = sch.split(k, [n // 64, 64])
     sch.reorder(i0, j0, k0, i1, j1, k1, i2, j2)
     sch.parallel(sch.fuse(i0, j0))
@@ -231,6 +231,24 @@ def test_cpu_analyzer_uses_the_profile(profile):
     assert np.isfinite(latency) and latency > 0
     if profile == "x86-server":
         assert latency < CpuAnalyzer(load_profile("raspberry-pi-4").hardware).latency(nests)[0]
+
+
+def test_cpu_analyzer_counts_the_pipes_the_host_profile_detects():
+    """A Zen 4's AVX-512 runs on two 256-bit pipes: half the flops of two 512-bit pipes, which the profile's
+    peak (the Winograd policy's) counts, while the analyzer's drafts keep counting two pipes."""
+    host = load_profile("host").hardware
+    assert host.vector_pipes == 2
+    zen4 = host.model_copy(update={"vector_bits": 512, "flops_per_cycle": 32.0})
+    full_rate = host.model_copy(update={"vector_bits": 512, "flops_per_cycle": 64.0})
+    nests = nests_from_func(tiled_cpu_matmul(256, rows=8, columns=64)["main"])  # enough FMA chains for 2 pipes
+
+    def compute_s(hardware: Hardware) -> float:
+        return float(CpuAnalyzer(hardware).statement_times(nests[0])["compute"][0])
+
+    assert compute_s(zen4) == compute_s(full_rate)
+    counted_from_flops = zen4.model_copy(update={"vector_pipes": None})
+    assert CpuAnalyzer(counted_from_flops).machine.pipes == 1.0
+    assert compute_s(counted_from_flops) > 1.5 * compute_s(zen4)
 
 
 def test_measured_traces_encode_back_to_their_decisions():

@@ -14,7 +14,7 @@ Per statement, for N candidates at once:
   (`nest.traffic`), over that level's bandwidth;
 - latency = max(compute, slowest level) + parallel launch overhead; summed over statements.
 
-The numbers are the profile's (cores, clock, vector_bits, flops_per_cycle, cache sizes,
+The numbers are the profile's (cores, clock, vector_bits, vector_pipes or flops_per_cycle, cache sizes,
 memory_bandwidth_gbs) plus per-level bandwidths and core constants typical of current cores
 (below). The spill, out-of-order and code-size constants were checked against ~640 measured
 random and analyzer-picked schedules of a 3x3 conv2d (C6) and a 512^3 matmul on this machine's
@@ -73,7 +73,7 @@ class CpuMachine:
     def from_hardware(cls, hw: Hardware, isa: str = "x86_64") -> CpuMachine:
         vector_bits = hw.vector_bits or 128
         lanes = vector_bits / 32
-        pipes = max(1.0, hw.flops_per_cycle / (2 * lanes))
+        pipes = float(hw.vector_pipes) if hw.vector_pipes else max(1.0, hw.flops_per_cycle / (2 * lanes))
         registers = 32 if isa in ("aarch64",) or vector_bits >= 512 else 16
         caches = tuple(kb * 1024.0 for kb in (hw.l1d_kb, hw.l2_kb, hw.l3_kb) if kb > 0)
         return cls(
