@@ -86,11 +86,11 @@ class Hardware(_Strict):
     """Peak fp32 FLOPs per cycle per CPU core, or per SM / shader core on GPUs (an FMA counts 2)."""
     vector_bits: Annotated[int, in_range(32, 2048, "SIMD register width in bits; SVE tops out at 2048")] | None = None
     """SIMD register width (CPU profiles)."""
-    vector_pipes: Annotated[int, in_range(1, 16, "SIMD FP pipes of one core; cores have 1 to 4")] | None = None
+    vector_pipes: Annotated[int, in_range(1, 16, "SIMD FP pipes of one core; today's cores have 1 to 4")] | None = None
     """SIMD FP pipes of one CPU core, as the analyzer counts them: one full-width vector operation each a
     cycle. Left out: flops_per_cycle / (2 * lanes). Host detection gives it, since a CPU that runs its widest
     vectors on narrower pipes has fewer flops a cycle than pipes x lanes x 2, and the analyzer's drafts ranked
-    worse when it counted the pipes from the flops (README, "The host profile's machine balance")."""
+    worse when it counted the pipes from the flops (README, "How far the goals are from this machine's floor")."""
     l1d_kb: _CacheKb
     """L1 data cache per core, or L1/shared per SM on GPUs."""
     l2_kb: _CacheKb
