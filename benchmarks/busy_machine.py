@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e import build_artifact, recipe_text, time_side_by_side  # noqa: E402  (sets the thread counts first)
-from timing import REFERENCE, ArtifactTimes, add_keep_option, build_directory  # noqa: E402
+from timing import PLACEMENTS, REFERENCE, ArtifactTimes, add_keep_option, build_directory  # noqa: E402
 
 HOG = "while True:\n    pass\n"
 
@@ -149,7 +149,8 @@ def shipped_way(library: Path) -> tuple[int | None, Path | None]:
 
 
 def time_here(model_source: dict, libraries: dict[str, Path], repeats: int) -> dict[str, list[float]]:
-    """Each library's and ONNX Runtime's median ms per round, the rounds interleaved in this process."""
+    """Each library's and ONNX Runtime's median ms per round, the rounds interleaved in this process, and (under
+    PLACEMENTS) each round's placement of the CPUs."""
     import tvm
 
     from edgetune.frontend.onnx import load_model
@@ -167,7 +168,8 @@ def time_here(model_source: dict, libraries: dict[str, Path], repeats: int) -> d
     session = ReferenceRuntime(model)._session(2)
     runners = {name: (lambda vm=vm: vm["main"](tvm_x)) for name, vm in machines.items()}
     runners[REFERENCE] = lambda: session.run(None, {model.inputs[0].name: x})
-    return {name: t["rounds_ms"] for name, t in time_side_by_side(runners, repeats, 1.0).items()}
+    times = time_side_by_side(runners, repeats, 1.0)
+    return {**{name: t["rounds_ms"] for name, t in times.items()}, PLACEMENTS: times[REFERENCE]["placements"]}
 
 
 VARIANTS = {"busy-no-remeasure": (False, True, True), "busy-same-threads": (True, False, True),

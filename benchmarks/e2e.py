@@ -40,6 +40,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from placement import CoreDistance, placement
 from timing import interleaved_rounds, kernel_calls
 
 
@@ -149,20 +150,27 @@ def kernel_profile(vm, args: list, runs: int) -> list[dict[str, Any]]:
 
 
 def time_side_by_side(runners: dict[str, Callable[[], Any]], repeats: int, min_s: float) -> dict[str, dict]:
-    """Each system's median per round, rounds interleaved; median over rounds, with min and max, in ms.
+    """Each system's median per round, rounds interleaved; median over rounds, with min and max, in ms; each
+    round's placement of the CPUs (`placement.py`: a ratio timed with them together does not hold apart).
 
     `best_ms` (the fastest single call) is less sensitive than the medians to other work on a shared machine.
     """
+    distance = CoreDistance()
+    round_trips = [distance.round_trip_ns()]
+    placements: list[str] = []
+
     def report_round(index: int, rounds: dict[str, list[float]]) -> None:
-        print(f"  round {index + 1}: " + ", ".join(f"{n} {v[-1] * 1e3:.2f} ms" for n, v in rounds.items()),
-              flush=True)
+        round_trips.append(distance.round_trip_ns())
+        placements.append(placement(round_trips[-2], round_trips[-1]))
+        print(f"  round {index + 1} (CPUs {placements[-1]}): "
+              + ", ".join(f"{n} {v[-1] * 1e3:.2f} ms" for n, v in rounds.items()), flush=True)
 
     rounds, best = interleaved_rounds(runners, repeats, min_s, min_calls=5, on_round=report_round)
     result = {}
     for name, seconds in rounds.items():
         v = [s * 1e3 for s in seconds]
         result[name] = {"median_ms": float(np.median(v)), "min_ms": min(v), "max_ms": max(v),
-                        "best_ms": best[name] * 1e3, "rounds_ms": v}
+                        "best_ms": best[name] * 1e3, "rounds_ms": v, "placements": placements}
     return result
 
 

@@ -101,6 +101,8 @@ def paired_ratio(numerator_rounds: list[float], denominator_rounds: list[float])
 
 
 REFERENCE = "onnxruntime"
+PLACEMENTS = "placements"
+"""The key under which a timing process lists its rounds' placements of the CPUs (placement.py)."""
 
 
 @dataclass
@@ -111,7 +113,7 @@ class ArtifactTimes:
     36.83 ms in the first process and 22.75 ms in the second, minutes later, and a ratio to one median of both
     (29.79 ms) put an artifact at 1.37x where its own rounds, paired with ONNX Runtime's, said 1.10x."""
 
-    processes: list[dict[str, list[float]]]  # per timing process: each system's median ms per round
+    processes: list[dict[str, list]]  # per timing process: each system's median ms per round, and PLACEMENTS
 
     def _rounds_of(self, name: str) -> dict[str, list[float]]:
         return next(rounds for rounds in self.processes if name in rounds)
@@ -129,6 +131,18 @@ class ArtifactTimes:
         """How many times faster than ONNX Runtime `name` ran, round by round beside it (paired_ratio)."""
         rounds = self._rounds_of(name)
         return paired_ratio(rounds[REFERENCE], rounds[name])
+
+    def vs_reference_by_placement(self, name: str) -> dict[str, tuple[int, float]]:
+        """`vs_reference` over the rounds of each placement of the CPUs (placement.py): their count and the ratio;
+        empty where the timing process did not label its rounds."""
+        rounds = self._rounds_of(name)
+        labels = rounds.get(PLACEMENTS, [])
+        by_label: dict[str, tuple[int, float]] = {}
+        for label in sorted(set(labels)):
+            mine = [i for i, each in enumerate(labels) if each == label]
+            by_label[label] = (len(mine), paired_ratio([rounds[REFERENCE][i] for i in mine],
+                                                       [rounds[name][i] for i in mine]))
+        return by_label
 
     def relative(self, name: str, base: str) -> float:
         """`name`'s time against `base`'s: round by round where one process timed both, else through the ONNX

@@ -136,6 +136,12 @@ def print_table(rows: list[dict[str, Any]], times: ArtifactTimes, args: argparse
         print(f"{r['variant']:20s}  {r['seed']:4d}  {r['tuning_s']:8.0f}  {r['trials_measured']:6d}  "
               f"{r['build_wall_s']:7.0f}  {'never' if beat is None else f'{beat:.0f}':>10s}  {r['final_ms']:8.2f}  "
               f"{r['vs_ort']:5.2f}x")
+    for r in rows:
+        name = f"{r['variant']}-{r['seed']}"
+        split = times.vs_reference_by_placement(name)
+        if len(split) > 1:
+            print(f"  {name} against ONNX Runtime by the rounds' placement of the CPUs: "
+                  + ", ".join(f"{label} {ratio:.2f}x ({count} rounds)" for label, (count, ratio) in split.items()))
     speeds = {}
     for variant in args.variant:
         mine = [r for r in rows if r["variant"] == variant.name]
