@@ -28,6 +28,15 @@ with 2.25x smaller transformed weights; larger tiles lose float32 accuracy."""
 
 _OUT_EWISE_FUSABLE = 4  # relax's OpPatternKind: lets FuseOps fuse bias, residual add and ReLU behind it
 
+DATA_PACK_RULE = "edgetune_conv2d_nhwc_winograd_data_pack"
+"""The data transform's schedule rule (`register_schedule_rules`): MetaSchedule's
+`conv2d_nhwc_winograd_data_pack`, but with the input tiles gathered inside the transform's parallel loop, where
+MetaSchedule samples their place and often leaves them at the root, a parallel pass of their own split over the
+threads by transform row while the transform splits by tile: each thread then reads tiles the other gathered. On
+a 2-core VM whose CPUs the hypervisor sometimes places apart (benchmarks/placement.py), ResNet-50's tuned F(4x4)
+56x56x64 kernel took 0.502 ms with its CPUs together and 1.006 ms apart; with its tiles gathered inside, 0.477 and
+0.778 ms."""
+
 
 def transform_matrices(tile_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Cook-Toom's A (inverse), B (data) and G (weight) matrices of F(m x m, 3 x 3), as numpy arrays:
@@ -94,7 +103,8 @@ def winograd_conv2d_nhwc(data: te.Tensor, kernel_pack: te.Tensor, padding: Seque
     ((m + 2) x (m + 2) x CO x CI: the tile m is read off their shape).
 
     The stages and their names follow topi's `conv2d_winograd_nhwc` (data_pad, input_tile,
-    data_pack, bgemm, inverse), so MetaSchedule's winograd schedule rules apply to them.
+    data_pack, bgemm, inverse), so MetaSchedule's winograd schedule rules apply to them (to the data
+    transform, edgetune's variant of its rule: DATA_PACK_RULE).
     """
     from tvm import te
     from tvm.topi.nn.pad import pad
@@ -130,7 +140,7 @@ def winograd_conv2d_nhwc(data: te.Tensor, kernel_pack: te.Tensor, padding: Seque
     # batched GEMM, is the kernel's anchor block (the most FLOPs), and it alone would make convolutions of
     # one input but different weights look alike to anchor-block equality
     convolution = f"{n}x{h}x{w}x{ci} -> {co}, pad {pad_t} {pad_l} {pad_b} {pad_r}, F({m}x{m}, 3x3)"
-    data_pack = _two_sided(input_tile, b_mat, alpha, "data_pack", "conv2d_nhwc_winograd_data_pack", convolution)
+    data_pack = _two_sided(input_tile, b_mat, alpha, "data_pack", DATA_PACK_RULE, convolution)
     k = te.reduce_axis((0, ci), name="ci")
     bgemm = te.compute(
         (alpha, alpha, tiles, co),
@@ -242,3 +252,46 @@ class WinogradPolicy:
             return None
         batch, out_h, out_w, out_channels = (int(d) for d in output.shape.values)
         return self.tile(batch, out_h, out_w, int(weight.shape.values[2]), out_channels)
+
+
+def register_schedule_rules() -> None:
+    """Make DATA_PACK_RULE known to MetaSchedule's custom-rule lookup in this process (again: no harm). Done when
+    this module is imported; the tuning imports it too, as its worker processes receive the kernels already made."""
+    import tvm
+
+    tvm.register_global_func(f"s_tir.meta_schedule.cpu.{DATA_PACK_RULE}", _schedule_data_pack, override=True)
+
+
+def _schedule_data_pack(sch, data_pack) -> list:
+    """MetaSchedule's CPU rule for an NHWC data transform (tile position and channel loops split in two and
+    reordered outer-outer-inner-inner, the 4 transform loops unrolled), with the input tiles computed at the inner
+    tile position loop instead of at a sampled place, and the padding at a sampled one."""
+    input_tile = _only_producer(sch, data_pack)
+    data_pad = _only_producer(sch, input_tile)
+    eps, nu, position, channel, r_a, r_b = sch.get_loops(data_pack)
+    position_outer, position_inner = sch.split(
+        position, sch.sample_perfect_tile(position, n=2, max_innermost_factor=64))
+    channel_outer, channel_inner = sch.split(channel, sch.sample_perfect_tile(channel, n=2, max_innermost_factor=64))
+    for loop in (eps, nu, r_a, r_b):
+        sch.unroll(loop)
+    sch.reorder(position_outer, channel_outer, position_inner, channel_inner, eps, nu, r_a, r_b)
+    sch.compute_at(input_tile, position_inner, preserve_unit_loops=True)
+    sch.compute_at(data_pad, sch.sample_compute_location(data_pad), preserve_unit_loops=True)
+    return [sch]
+
+
+def _only_producer(sch, block):
+    """The block's one producer that reads anything, producers that read nothing (constants) inlined, as
+    MetaSchedule's winograd rules take it."""
+    producers = []
+    for producer in sch.get_producers(block):
+        if sch.get(producer).reads:
+            producers.append(producer)
+        else:
+            sch.compute_inline(producer)
+    if len(producers) != 1:
+        raise ValueError(f"a winograd stage with {len(producers)} producers that read memory, expected one")
+    return producers[0]
+
+
+register_schedule_rules()

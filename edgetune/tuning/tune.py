@@ -31,6 +31,7 @@ from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 
 from edgetune.errors import EdgetuneError
 from edgetune.fleet.endpoints import RemoteDevice
+from edgetune.frontend.winograd import register_schedule_rules
 from edgetune.profiles import Hardware
 from edgetune.runtime import use_cpu_threads
 from edgetune.tuning import search_strategy
@@ -612,8 +613,10 @@ def _tuning_context(task: TuningTask, index: int, target: tvm.target.Target, pla
                     strategy) -> ms.TuneContext:
     """The task's (1-based `index`) MetaSchedule context for a round, or for its first drafts: TVM's default
     design spaces, the plan's seed and cores. In a worker of the pool too: the intrinsics the target's rules
-    look up are registered first (without, the context imports every backend's: 53 s on this VM)."""
+    look up are registered first (without, the context imports every backend's: 53 s on this VM), and edgetune's
+    own rules (winograd.py's data transform)."""
     register_tensor_intrinsics(target)
+    register_schedule_rules()
     return ms.TuneContext(mod=task.mod, target=target, space_generator="post-order-apply", search_strategy=strategy,
                           task_name=task.name, rand_state=plan.seed + index, num_threads=plan.cores)
 

@@ -916,16 +916,15 @@ class _Analysis:
     def _at_root_or_inline(self, info: BlockInfo, infos: dict[str, BlockInfo], anchor_of: dict[str, int]) -> bool:
         """Whether a block of sampled location is modelled at the root or inlined only: its one reader is no
         tiled block but either an untouched block at the root (Winograd's output, read by the fused epilogue)
-        or a block of sampled location that feeds one tiled block (Winograd's padding, read by the
-        tile-gathering block)."""
+        or a block attached, at a sampled or a fixed place, that feeds one tiled block (Winograd's padding, read
+        by the tile-gathering block)."""
         readers = _readers(info, infos)
         if len(readers) != 1 or readers[0] in anchor_of:
             return False
         reader = readers[0]
         if reader not in self.attach:
             return reader not in self.moved
-        return (self.location_of.get(self.attach[reader].loop) is not None
-                and len(_tiled_consumers(infos[reader], infos, anchor_of)) == 1)
+        return len(_tiled_consumers(infos[reader], infos, anchor_of)) == 1
 
     def _attached(self, name: str, info: BlockInfo, infos: dict[str, BlockInfo], anchors: list[_Anchor],
                   anchor_of: dict[str, int], anchor_loops: dict[str, list[tirx.For]],

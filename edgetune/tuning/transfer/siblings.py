@@ -28,6 +28,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
 from tvm.s_tir.schedule import Trace
 
+from edgetune.frontend.winograd import register_schedule_rules
 from edgetune.tuning.analyzer.space import TVM_ERRORS, replay
 from edgetune.tuning.cost_model.ranking import Groups, RankingCostModel
 from edgetune.tuning.database.store import RankedStore, StoredRecords
@@ -170,6 +171,7 @@ def load_sibling_records(siblings: Mapping[str, Path], tasks: list[TuningTask], 
 def tuning_context(task: TuningTask, target: tvm.target.Target, num_threads: int) -> ms.TuneContext:
     """A tuning context of the task for `target`: its postprocessors check a replayed schedule."""
     register_tensor_intrinsics(target)
+    register_schedule_rules()
     return ms.TuneContext(mod=task.mod, target=target, space_generator="post-order-apply",
                           search_strategy="evolutionary", task_name=task.name, num_threads=num_threads)
 
