@@ -203,3 +203,31 @@ def test_a_tuned_winograd_kernel_compiles_into_a_model_that_matches_onnx_runtime
     vm = tvm.relax.VirtualMachine(compile_model(to_relax(block), target, store.database, policy), tvm.cpu())
     expected = ReferenceRuntime(block)._session(1).run(None, x)[0]
     np.testing.assert_allclose(run(vm, [x["data"]], tvm.cpu())[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_each_thread_gathers_the_input_tiles_it_transforms() -> None:
+    """In every design space of a Winograd kernel the input tiles are gathered inside the data transform's
+    parallel loop, at no sampled place (the search's mutations move only sampled ones): never in a pass of their
+    own split over the threads another way, where MetaSchedule's own rule can put them."""
+    import tvm
+    from tvm import te
+    from tvm.s_tir import meta_schedule as ms
+
+    from edgetune.frontend.winograd import winograd_conv2d_nhwc
+    from edgetune.tuning.intrinsics import register_tensor_intrinsics
+
+    data = te.placeholder((1, 28, 28, 64), name="data")
+    packed = te.placeholder((6, 6, 64, 64), name="packed")
+    mod = tvm.IRModule({"main": te.create_prim_func([data, packed, winograd_conv2d_nhwc(data, packed, [1, 1, 1, 1],
+                                                                                        "float32")])})
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    register_tensor_intrinsics(target)  # else the context imports every backend's (a minute)
+    context = ms.TuneContext(mod=mod, target=target, space_generator="post-order-apply", search_strategy="evolutionary")
+    spaces = context.space_generator.generate_design_space(mod)
+    assert spaces
+    for sch in spaces:
+        tiles_loops = sch.get_loops(sch.get_sblock("input_tile"))
+        pack_loops = sch.get_loops(sch.get_sblock("data_pack"))
+        assert len(tiles_loops) > 4 and sch.get(tiles_loops[0]).same_as(sch.get(pack_loops[0])), sch.mod.script()
+        sampled = [inst for inst in sch.trace.insts if inst.kind.name == "SampleComputeLocation"]
+        assert all(sch.get(inst.inputs[0]).name_hint != "input_tile" for inst in sampled), sch.trace
