@@ -31,8 +31,9 @@ _OUT_EWISE_FUSABLE = 4  # relax's OpPatternKind: lets FuseOps fuse bias, residua
 DATA_PACK_RULE = "edgetune_conv2d_nhwc_winograd_data_pack"
 """The data transform's schedule rule (`register_schedule_rules`): MetaSchedule's
 `conv2d_nhwc_winograd_data_pack`, but with the input tiles gathered inside the transform's parallel loop, where
-MetaSchedule samples their place and often leaves them at the root, a parallel pass of their own split over the
-threads by transform row while the transform splits by tile: each thread then reads tiles the other gathered. On
+MetaSchedule samples their place, the root included (where a tuned ResNet-50's kernels had them): a parallel pass
+of their own, split over the threads by transform row while the transform splits by tile, so each thread reads
+tiles the other gathered. On
 a 2-core VM whose CPUs the hypervisor sometimes places apart (benchmarks/placement.py), ResNet-50's tuned F(4x4)
 56x56x64 kernel took 0.502 ms with its CPUs together and 1.006 ms apart; with its tiles gathered inside, 0.477 and
 0.778 ms."""
