@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+from timing import c_compiler
 
 NEAR_NS = 150.0
 """A round trip under this: the two CPUs share a core complex (50-125 ns seen); over it: apart (325-535 ns)."""
@@ -31,36 +34,37 @@ class CoreDistance:
     not be pinned."""
 
     def __init__(self) -> None:
-        self._probe: ctypes.CDLL | None = None
-        self._tried = False
         self.cpus = sorted(os.sched_getaffinity(0))[:2]
 
     def round_trip_ns(self) -> float | None:
         """The median of three probes, each `_TRIPS` round trips."""
-        probe = self._loaded()
+        probe = _probe()
         if probe is None or len(self.cpus) < 2:
             return None
         probes = sorted(probe.core_round_trip_ns(self.cpus[0], self.cpus[1], _TRIPS) for _ in range(3))
         return probes[1] if probes[0] >= 0 else None
 
-    def _loaded(self) -> ctypes.CDLL | None:
-        if self._tried:
-            return self._probe
-        self._tried = True
-        compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-        if compiler is None:
-            return None
-        folder = tempfile.mkdtemp(prefix="core-distance-")
-        atexit.register(shutil.rmtree, folder, True)
-        library = Path(folder) / "core_distance.so"
+
+@functools.cache
+def _probe() -> ctypes.CDLL | None:
+    """core_distance.c built into a temporary folder of this process (removed at exit), once; None if it cannot be."""
+    compiler = c_compiler()
+    if compiler is None:
+        return None
+    folder = tempfile.mkdtemp(prefix="core-distance-")
+    atexit.register(shutil.rmtree, folder, True)
+    library = Path(folder) / "core_distance.so"
+    try:
         built = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-pthread", "-o", str(library), str(_SOURCE)],
                                capture_output=True, text=True, check=False)
-        if built.returncode != 0:
-            return None
-        self._probe = ctypes.CDLL(str(library))
-        self._probe.core_round_trip_ns.restype = ctypes.c_double
-        self._probe.core_round_trip_ns.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long]
-        return self._probe
+    except OSError:  # $CC names no program
+        return None
+    if built.returncode != 0:
+        return None
+    probe = ctypes.CDLL(str(library))
+    probe.core_round_trip_ns.restype = ctypes.c_double
+    probe.core_round_trip_ns.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    return probe
 
 
 def placement(before_ns: float | None, after_ns: float | None) -> str:

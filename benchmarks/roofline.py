@@ -28,7 +28,6 @@ import argparse
 import ctypes
 import json
 import math
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import c_compiler
 
 _PEAK_SOURCE = r"""
 #include <pthread.h>
@@ -122,7 +122,7 @@ class Machine:
 def measure_machine(threads: int, turns: int = 5) -> Machine:
     """The best of `turns` runs of each loop (each about 0.2 s), on `threads` threads and on one, built with this
     machine's C compiler for its own vector width (-march=native)."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = c_compiler()
     if compiler is None:
         raise SystemExit("roofline: no C compiler (cc or gcc) to build the peak loops with")
     with tempfile.TemporaryDirectory(prefix="edgetune-roofline-") as work:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,6 +29,11 @@ def build_directory(keep: Path | None, prefix: str) -> contextlib.AbstractContex
         return tempfile.TemporaryDirectory(prefix=prefix)
     keep.mkdir(parents=True)
     return contextlib.nullcontext(str(keep))
+
+
+def c_compiler() -> str | None:
+    """The C compiler the benchmarks build their native probes with: $CC, else cc, else gcc; None without one."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
 def sample_calls(fn: Callable[[], Any], min_s: float, min_calls: int) -> list[float]:
