@@ -175,6 +175,41 @@ def time_side_by_side(runners: dict[str, Callable[[], Any]], repeats: int, min_s
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    if args.reuse:
+        reuse = args.reuse.resolve()
+        if not (reuse / "summary.json").is_file():
+            raise SystemExit(f"--reuse {reuse}: no summary.json; give a build's <output>/<recipe> directory")
+        text = recipe_text(reuse.name, args.model, args.threads, 0, None, args.search, reuse.parent,
+                           args.in_model_candidates)
+    else:
+        text = recipe_text(f"e2e-{args.model}", args.model, args.threads, args.trials_per_task, args.budget_min,
+                           args.search, args.output.resolve(), args.in_model_candidates)
+    print(f"building {args.model} with edgetune ({'reusing ' + str(args.reuse) if args.reuse else 'tuning'})",
+          flush=True)
+    summary = build_artifact(text)
+    systems = _Systems(args.model, Path(summary["artifact_dir"]), args.threads)
+    print(f"timing {', '.join(systems.runners)} at {args.threads} threads, {args.repeats} rounds", flush=True)
+    times = time_side_by_side(systems.runners, args.repeats, args.min_seconds)
+    profile = kernel_profile(systems.vm, [systems.tvm_input], args.profile) if args.profile else []
+    for row in profile[:12]:
+        print(f"  {row['kernel']:40s} {row['ms']:8.2f} ms x{row['calls']} {row['share']:6.1%}")
+    report = _report(args, argv, summary, systems, times, profile)
+    ours = times["edgetune"]["median_ms"]
+    print(f"\n{args.model}: edgetune {ours:.2f} ms [{times['edgetune']['min_ms']:.2f}-{times['edgetune']['max_ms']:.2f}]"
+          + "".join(f", {n} {t['median_ms']:.2f} ms [{t['min_ms']:.2f}-{t['max_ms']:.2f}]"
+                    for n, t in times.items() if n != "edgetune"))
+    tuning_s = summary.get("tuning_wall_s")
+    vs_torch = f"{report['speedup_vs_torch']:.3f}" if report["speedup_vs_torch"] else "n/a"
+    print(f"speedup_vs_onnxruntime {report['speedup_vs_onnxruntime']:.3f}, speedup_vs_torch {vs_torch}; "
+          f"fastest calls: " + ", ".join(f"{n} {t['best_ms']:.2f} ms" for n, t in times.items())
+          + f"; tuning wall {tuning_s or 0:.0f} s", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=("resnet18", "mobilenet_v2"), default="resnet18")
     parser.add_argument("--budget-min", type=float, default=60.0, help="tuning time budget (checked between tasks)")
@@ -194,66 +229,62 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads != int(os.environ["TVM_NUM_THREADS"]):
         raise SystemExit(f"--threads {args.threads}: run with E2E_THREADS={args.threads} so TVM's pool uses it")
+    return args
 
-    if args.reuse:
-        reuse = args.reuse.resolve()
-        if not (reuse / "summary.json").is_file():
-            raise SystemExit(f"--reuse {reuse}: no summary.json; give a build's <output>/<recipe> directory")
-        text = recipe_text(reuse.name, args.model, args.threads, 0, None, args.search, reuse.parent,
-                           args.in_model_candidates)
-    else:
-        text = recipe_text(f"e2e-{args.model}", args.model, args.threads, args.trials_per_task, args.budget_min,
-                           args.search, args.output.resolve(), args.in_model_candidates)
-    print(f"building {args.model} with edgetune ({'reusing ' + str(args.reuse) if args.reuse else 'tuning'})",
-          flush=True)
-    summary = build_artifact(text)
 
+class _Systems:
+    """The artifact, ONNX Runtime and (where installed) PyTorch on the zoo model's sample input, each a runner,
+    with each one's largest difference from ONNX Runtime's output."""
+
+    def __init__(self, model_name: str, artifact_dir: Path, threads: int) -> None:
+        import tvm
+
+        from edgetune.frontend.onnx import load_model
+        from edgetune.reference import ReferenceRuntime
+        from edgetune.runtime import load_library
+
+        model = load_model(zoo=model_name, onnx_path=None, input_shapes=None)
+        x = model.sample_inputs()[model.inputs[0].name]
+        device = tvm.cpu(0)
+        self.vm = load_library(artifact_dir / "model.so", device)
+        self.tvm_input = tvm.runtime.tensor(x, device)
+        session = ReferenceRuntime(model)._session(threads)
+        feed = {model.inputs[0].name: x}
+        self.runners: dict[str, Callable[[], Any]] = {
+            "edgetune": lambda: self.vm["main"](self.tvm_input),
+            "onnxruntime": lambda: session.run(None, feed),
+        }
+        self.torch = torch_runner(model.proto, threads)
+        expected = session.run(None, feed)[0]
+        self.errors = {"edgetune": float(np.abs(_first(self.vm["main"](self.tvm_input)) - expected).max())}
+        if callable(self.torch):
+            torch_run = self.torch
+            self.runners["torch"] = lambda: torch_run(x)
+            self.errors["torch"] = float(np.abs(torch_run(x) - expected).max())
+
+
+def _report(args: argparse.Namespace, argv: list[str] | None, summary: dict[str, Any], systems: _Systems,
+            times: dict[str, Any], profile: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's JSON report: the build, the versions, the errors, the per-kernel profile and the timings."""
     import onnxruntime
     import tvm
 
-    from edgetune.runtime import load_library
-    from edgetune.frontend.onnx import load_model
-    from edgetune.reference import ReferenceRuntime
-
-    model = load_model(zoo=args.model, onnx_path=None, input_shapes=None)
-    x = model.sample_inputs()[model.inputs[0].name]
-    device = tvm.cpu(0)
-    vm = load_library(Path(summary["artifact_dir"]) / "model.so", device)
-    tvm_x = tvm.runtime.tensor(x, device)
-    session = ReferenceRuntime(model)._session(args.threads)
-    ort_feed = {model.inputs[0].name: x}
-    runners: dict[str, Callable[[], Any]] = {
-        "edgetune": lambda: vm["main"](tvm_x),
-        "onnxruntime": lambda: session.run(None, ort_feed),
-    }
-    torch_run = torch_runner(model.proto, args.threads)
-    expected = session.run(None, ort_feed)[0]
-    errors = {"edgetune": float(np.abs(_first(vm["main"](tvm_x)) - expected).max())}
-    if callable(torch_run):
-        runners["torch"] = lambda: torch_run(x)
-        errors["torch"] = float(np.abs(torch_run(x) - expected).max())
-    print(f"timing {', '.join(runners)} at {args.threads} threads, {args.repeats} rounds", flush=True)
-    times = time_side_by_side(runners, args.repeats, args.min_seconds)
-
     ours = times["edgetune"]["median_ms"]
-    profile = kernel_profile(vm, [tvm_x], args.profile) if args.profile else []
-    for row in profile[:12]:
-        print(f"  {row['kernel']:40s} {row['ms']:8.2f} ms x{row['calls']} {row['share']:6.1%}")
-    report: dict[str, Any] = {
+    return {
         "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
         "model": args.model,
         "threads": args.threads,
         "machine": {"cpu": platform.processor() or platform.machine(), "cores_visible": os.cpu_count()},
         "versions": {"tvm": tvm.__version__, "onnxruntime": onnxruntime.__version__, "torch": _torch_version()},
-        "torch": "ONNX graph run op by op with torch.nn.functional, same weights" if callable(torch_run)
-        else f"skipped: {torch_run}",
+        "torch": "ONNX graph run op by op with torch.nn.functional, same weights" if callable(systems.torch)
+        else f"skipped: {systems.torch}",
         "build": {k: summary.get(k) for k in ("artifact_dir", "tuning_wall_s", "build_wall_s", "trials_measured",
                                               "trials_total", "tasks_total", "latency_ms", "reference_latency_ms",
                                               "untuned_latency_ms", "verification")},
         "tuning": {"reused": str(args.reuse) if args.reuse else None, "budget_min": None if args.reuse
                    else args.budget_min, "trials_per_task": 0 if args.reuse else args.trials_per_task,
                    "search": args.search, "tasks": summary["tasks"]},
-        "max_abs_error_vs_onnxruntime": errors,
+        "max_abs_error_vs_onnxruntime": systems.errors,
         "kernel_profile": profile,
         "latency": times,
         "speedup_vs_onnxruntime": times["onnxruntime"]["median_ms"] / ours,
@@ -262,17 +293,6 @@ def main(argv: list[str] | None = None) -> int:
         "speedup_vs_torch_best": times["torch"]["best_ms"] / times["edgetune"]["best_ms"] if "torch" in times
         else None,
     }
-    print(f"\n{args.model}: edgetune {ours:.2f} ms [{times['edgetune']['min_ms']:.2f}-{times['edgetune']['max_ms']:.2f}]"
-          + "".join(f", {n} {t['median_ms']:.2f} ms [{t['min_ms']:.2f}-{t['max_ms']:.2f}]"
-                    for n, t in times.items() if n != "edgetune"))
-    tuning_s = summary.get("tuning_wall_s")
-    vs_torch = f"{report['speedup_vs_torch']:.3f}" if report["speedup_vs_torch"] else "n/a"
-    print(f"speedup_vs_onnxruntime {report['speedup_vs_onnxruntime']:.3f}, speedup_vs_torch {vs_torch}; "
-          f"fastest calls: " + ", ".join(f"{n} {t['best_ms']:.2f} ms" for n, t in times.items())
-          + f"; tuning wall {tuning_s or 0:.0f} s", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    return 0
 
 
 def _first(result) -> np.ndarray:

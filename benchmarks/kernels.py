@@ -33,6 +33,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,36 @@ def torch_runner(shape: dict[str, int], threads: int) -> Callable[[], Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    threads = int(os.environ["TVM_NUM_THREADS"])
+    tuned = _tune_workloads(args, threads)
+    report: dict[str, Any] = {
+        "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
+        "target": str(tuned.target),
+        "threads": threads,
+        "peak_gflops": tuned.peak,
+        "peak_formula": tuned.peak_formula,
+        "issue_peak_gflops": threads * ISSUE_FLOPS_PER_CYCLE * tuned.clock_ghz,
+        "trials": args.trials,
+        "search": args.search,
+        "prepack": args.prepack,
+        "layout": args.layout,
+        "winograd": args.winograd,
+        "tuning_wall_s": tuned.tuning.wall_s,
+        "workloads": {name: _time_workload(name, shape, tuned, args, threads)
+                      for name, shape in tuned.workloads.items()},
+    }
+    speedups = [w["speedup_vs_torch"] for w in report["workloads"].values()]
+    report["geomean_speedup_vs_torch"] = float(np.exp(np.mean(np.log(speedups))))
+    report["at_least_torch"] = sum(s >= 1.0 for s in speedups)
+    print(f"\ngeomean speedup vs torch {report['geomean_speedup_vs_torch']:.2f}; {report['at_least_torch']} of "
+          f"{len(speedups)} at least as fast as torch; tuning wall {tuned.tuning.wall_s:.0f} s", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default="C1,C2,C3,C4,C5,C6,C7,C8,C9,C10,C11,C12,G1,G2")
     parser.add_argument("--workloads-file", type=Path, default=DEFAULT_WORKLOADS)
@@ -122,11 +153,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--min-seconds", type=float, default=0.3, help="timing per system per round")
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
-    threads = int(os.environ["TVM_NUM_THREADS"])
+    return parser.parse_args(argv)
 
-    import tvm
 
+@dataclass
+class _Tuned:
+    """What tuning the workloads left for their timing: the modules, their tiles, the store and its outcome."""
+
+    target: Any
+    peak: float
+    peak_formula: str
+    clock_ghz: float
+    workloads: dict[str, dict[str, int]]
+    mods: dict[str, Any]
+    tiles: dict[str, int | None]
+    store: Any
+    tuning: Any
+
+
+def _tune_workloads(args: argparse.Namespace, threads: int) -> _Tuned:
+    """Every workload built as asked and tuned with edgetune's own loop, on the host profile at `threads` cores."""
     from edgetune.frontend.winograd import WinogradPolicy
     from edgetune.profiles import resolve_profile
     from edgetune.tuning.database.store import RecordStore
@@ -137,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     hw = profile.hardware
     target = profile.tvm_target()
     peak = float(hw.peak_gflops)
-    issue_peak = threads * ISSUE_FLOPS_PER_CYCLE * hw.clock_ghz
-    print(f"target {target}; peak {peak:.1f} GFLOPS = {threads} cores x {hw.flops_per_cycle} FLOP/cycle x "
-          f"{hw.clock_ghz} GHz (issue's formula, 64 FLOP/cycle: {issue_peak:.1f})", flush=True)
+    formula = f"{threads} cores x {hw.flops_per_cycle} FLOP/cycle x {hw.clock_ghz} GHz"
+    print(f"target {target}; peak {peak:.1f} GFLOPS = {formula} (issue's formula, 64 FLOP/cycle: "
+          f"{threads * ISSUE_FLOPS_PER_CYCLE * hw.clock_ghz:.1f})", flush=True)
 
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     workloads = load_workloads(args.workloads_file, names)
@@ -160,62 +206,45 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  [{p.elapsed_s:6.0f} s] {p.task}: {p.trials_done}/{p.trials_planned} trials, best {best}", flush=True)
 
     tuning = tune(tasks, target, store, plan, progress)
-    tuned_s = {t.name: t.tuning_s for t in tuning.tasks}
+    return _Tuned(target, peak, formula, float(hw.clock_ghz), workloads, mods, tiles, store, tuning)
 
-    device = tvm.cpu(0)
-    report: dict[str, Any] = {
-        "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
-        "target": str(target),
-        "threads": threads,
-        "peak_gflops": peak,
-        "peak_formula": f"{threads} cores x {hw.flops_per_cycle} FLOP/cycle x {hw.clock_ghz} GHz",
-        "issue_peak_gflops": issue_peak,
-        "trials": args.trials,
-        "search": args.search,
-        "prepack": args.prepack,
-        "layout": args.layout,
-        "winograd": args.winograd,
-        "tuning_wall_s": tuning.wall_s,
-        "workloads": {},
+
+def _time_workload(name: str, shape: dict[str, int], tuned: _Tuned, args: argparse.Namespace,
+                   threads: int) -> dict[str, Any]:
+    """The workload's best schedule and PyTorch timed in turns; its line printed, its report entry returned."""
+    import tvm
+
+    runners = {"edgetune": tvm_runner(tuned.store, tuned.mods[name], tuned.target, tvm.cpu(0)),
+               "torch": torch_runner(shape, threads)}
+    seconds, fastest = interleaved_rounds(runners, args.repeats, args.min_seconds, min_calls=10)
+    rounds = {k: [s * 1e6 for s in v] for k, v in seconds.items()}
+    best = {k: s * 1e6 for k, s in fastest.items()}
+    ours, theirs = float(np.median(rounds["edgetune"])), float(np.median(rounds["torch"]))
+    flops = workload_flops(shape)
+    tile = tuned.tiles[name]
+    entry = {
+        "shape": shape,
+        "gflop": flops / 1e9,
+        "edgetune_us": ours,
+        "torch_us": theirs,
+        "rounds_us": rounds,
+        "speedup_vs_torch": theirs / ours,
+        "best_us": best,  # fastest single call: less sensitive to a busy shared machine than the medians
+        "speedup_vs_torch_best": best["torch"] / best["edgetune"],
+        "gflops": flops / ours / 1e3,
+        "torch_gflops": flops / theirs / 1e3,
+        "fraction_of_peak": flops / ours / 1e3 / tuned.peak,
+        "winograd_tile": tile,
+        "tuned_best_us": next(t.best_us for t in tuned.tuning.tasks if t.name == name),
+        "tuning_s_this_run": next((t.tuning_s for t in tuned.tuning.tasks if t.name == name), 0.0),
     }
-    for name, shape in workloads.items():
-        runners = {"edgetune": tvm_runner(store, mods[name], target, device), "torch": torch_runner(shape, threads)}
-        seconds, fastest = interleaved_rounds(runners, args.repeats, args.min_seconds, min_calls=10)
-        rounds = {k: [s * 1e6 for s in v] for k, v in seconds.items()}
-        best = {k: s * 1e6 for k, s in fastest.items()}
-        ours, theirs = float(np.median(rounds["edgetune"])), float(np.median(rounds["torch"]))
-        flops = workload_flops(shape)
-        entry = {
-            "shape": shape,
-            "gflop": flops / 1e9,
-            "edgetune_us": ours,
-            "torch_us": theirs,
-            "rounds_us": rounds,
-            "speedup_vs_torch": theirs / ours,
-            "best_us": best,  # fastest single call: less sensitive to a busy shared machine than the medians
-            "speedup_vs_torch_best": best["torch"] / best["edgetune"],
-            "gflops": flops / ours / 1e3,
-            "torch_gflops": flops / theirs / 1e3,
-            "fraction_of_peak": flops / ours / 1e3 / peak,
-            "winograd_tile": tiles[name],
-            "tuned_best_us": next(t.best_us for t in tuning.tasks if t.name == name),
-            "tuning_s_this_run": tuned_s.get(name, 0.0),
-        }
-        report["workloads"][name] = entry
-        algorithm = f" (winograd F({tiles[name]}x{tiles[name]},3x3))" if tiles[name] else ""
-        print(f"{name}{algorithm}: edgetune {ours:.0f} us ({entry['gflops']:.0f} GFLOPS, {entry['fraction_of_peak']:.0%} of "
-              f"peak), torch {theirs:.0f} us ({entry['torch_gflops']:.0f} GFLOPS); speedup vs torch "
-              f"{entry['speedup_vs_torch']:.2f} [ours {min(rounds['edgetune']):.0f}-{max(rounds['edgetune']):.0f},"
-              f" torch {min(rounds['torch']):.0f}-{max(rounds['torch']):.0f} us]; fastest call {best['edgetune']:.0f} vs "
-              f"{best['torch']:.0f} us ({entry['speedup_vs_torch_best']:.2f})", flush=True)
-    speedups = [w["speedup_vs_torch"] for w in report["workloads"].values()]
-    report["geomean_speedup_vs_torch"] = float(np.exp(np.mean(np.log(speedups))))
-    report["at_least_torch"] = sum(s >= 1.0 for s in speedups)
-    print(f"\ngeomean speedup vs torch {report['geomean_speedup_vs_torch']:.2f}; {report['at_least_torch']} of "
-          f"{len(speedups)} at least as fast as torch; tuning wall {tuning.wall_s:.0f} s", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    return 0
+    algorithm = f" (winograd F({tile}x{tile},3x3))" if tile else ""
+    print(f"{name}{algorithm}: edgetune {ours:.0f} us ({entry['gflops']:.0f} GFLOPS, {entry['fraction_of_peak']:.0%} of "
+          f"peak), torch {theirs:.0f} us ({entry['torch_gflops']:.0f} GFLOPS); speedup vs torch "
+          f"{entry['speedup_vs_torch']:.2f} [ours {min(rounds['edgetune']):.0f}-{max(rounds['edgetune']):.0f},"
+          f" torch {min(rounds['torch']):.0f}-{max(rounds['torch']):.0f} us]; fastest call {best['edgetune']:.0f} vs "
+          f"{best['torch']:.0f} us ({entry['speedup_vs_torch_best']:.2f})", flush=True)
+    return entry
 
 
 if __name__ == "__main__":

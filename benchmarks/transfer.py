@@ -159,46 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     overall: dict[str, list[float]] = {"warm": [], "momentum": []}
     with tempfile.TemporaryDirectory() as scratch_dir:
-        root = Path(scratch_dir)
         for name, shape in workloads.items():
-            source = tune_source(name, shape, root / f"{name}-source", args.trials, args.search)
-            print(f"{name}: source (1 core) best {source['final_us']:.0f} us after {source['total_s']:.0f} s",
-                  flush=True)
-            task = make_task(name, shape)
-            seeds = []
-            for seed in range(args.seeds):
-                order = SYSTEMS[seed % 3:] + SYSTEMS[: seed % 3]
-                runs = {}
-                for system in order:
-                    siblings = None if system == "scratch" else {"source": root / f"{name}-source"}
-                    runs[system] = tune_run(task, root / f"{name}-{seed}-{system}", args.trials, args.search, seed,
-                                            siblings, system if system != "scratch" else "momentum")
-                result = {"seed": seed, "runs": runs}
-                for system in ("warm", "momentum"):
-                    result[system] = compare(runs["scratch"], runs[system])
-                seeds.append(result)
-                print(f"{name} seed {seed}: scratch {runs['scratch']['final_us']:.0f} us at "
-                      f"{result['momentum']['scratch_time_to_best_s']:.0f} s; "
-                      + "; ".join(f"{s} {runs[s]['final_us']:.0f} us, speedup {result[s]['time_to_quality_speedup']:.2f}"
-                                  f" (first batch x{result[s]['first_batch_ratio']:.2f})" for s in ("warm", "momentum")),
-                      flush=True)
-            summary = {"shape": shape, "source": source, "seeds": seeds}
+            summary = _transfer_workload(name, shape, Path(scratch_dir), args)
             for system in ("warm", "momentum"):
-                speedups = [s[system]["time_to_quality_speedup"] for s in seeds]
-                overall[system] += speedups
-                summary[system] = {
-                    "time_to_quality_speedup": spread(speedups),
-                    "final_latency_ratio": spread([s[system]["final_latency_ratio"] for s in seeds]),
-                    "first_batch_ratio": spread([s[system]["first_batch_ratio"] for s in seeds]),
-                    "failures": sum(not s[system]["reached"] for s in seeds),
-                }
+                overall[system] += [s[system]["time_to_quality_speedup"] for s in summary["seeds"]]
             report["workloads"][name] = summary
-            print(f"{name}: speedup warm {summary['warm']['time_to_quality_speedup']['geomean']:.2f} "
-                  f"[{summary['warm']['time_to_quality_speedup']['min']:.2f}, "
-                  f"{summary['warm']['time_to_quality_speedup']['max']:.2f}], momentum "
-                  f"{summary['momentum']['time_to_quality_speedup']['geomean']:.2f} "
-                  f"[{summary['momentum']['time_to_quality_speedup']['min']:.2f}, "
-                  f"{summary['momentum']['time_to_quality_speedup']['max']:.2f}]", flush=True)
     report["geomean_time_to_quality_speedup"] = geomean(overall["momentum"])
     report["ablation"] = {"warm_start_only": geomean(overall["warm"]),
                           "warm_start_and_momentum": geomean(overall["momentum"])}
@@ -209,6 +174,45 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(report, indent=2))
     return 0
 
+
+
+def _transfer_workload(name: str, shape: dict[str, int], root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One workload: its source tuned on one core, then for each seed the target tuned from scratch, with warm
+    start and with momentum, in a rotating order; the speedups printed and returned with their spread."""
+    source = tune_source(name, shape, root / f"{name}-source", args.trials, args.search)
+    print(f"{name}: source (1 core) best {source['final_us']:.0f} us after {source['total_s']:.0f} s", flush=True)
+    task = make_task(name, shape)
+    seeds = []
+    for seed in range(args.seeds):
+        order = SYSTEMS[seed % 3:] + SYSTEMS[: seed % 3]
+        runs = {}
+        for system in order:
+            siblings = None if system == "scratch" else {"source": root / f"{name}-source"}
+            runs[system] = tune_run(task, root / f"{name}-{seed}-{system}", args.trials, args.search, seed,
+                                    siblings, system if system != "scratch" else "momentum")
+        result = {"seed": seed, "runs": runs}
+        for system in ("warm", "momentum"):
+            result[system] = compare(runs["scratch"], runs[system])
+        seeds.append(result)
+        print(f"{name} seed {seed}: scratch {runs['scratch']['final_us']:.0f} us at "
+              f"{result['momentum']['scratch_time_to_best_s']:.0f} s; "
+              + "; ".join(f"{s} {runs[s]['final_us']:.0f} us, speedup {result[s]['time_to_quality_speedup']:.2f}"
+                          f" (first batch x{result[s]['first_batch_ratio']:.2f})" for s in ("warm", "momentum")),
+              flush=True)
+    summary: dict[str, Any] = {"shape": shape, "source": source, "seeds": seeds}
+    for system in ("warm", "momentum"):
+        speedups = [s[system]["time_to_quality_speedup"] for s in seeds]
+        summary[system] = {
+            "time_to_quality_speedup": spread(speedups),
+            "final_latency_ratio": spread([s[system]["final_latency_ratio"] for s in seeds]),
+            "first_batch_ratio": spread([s[system]["first_batch_ratio"] for s in seeds]),
+            "failures": sum(not s[system]["reached"] for s in seeds),
+        }
+    print(f"{name}: speedup " + ", ".join(
+        f"{system} {summary[system]['time_to_quality_speedup']['geomean']:.2f} "
+        f"[{summary[system]['time_to_quality_speedup']['min']:.2f}, "
+        f"{summary[system]['time_to_quality_speedup']['max']:.2f}]" for system in ("warm", "momentum")), flush=True)
+    return summary
 
 if __name__ == "__main__":
     raise SystemExit(main())
