@@ -31,7 +31,6 @@ from tvm.s_tir.meta_schedule.search_strategy import MeasureCandidate
 
 from edgetune.errors import EdgetuneError
 from edgetune.fleet.endpoints import RemoteDevice
-from edgetune.frontend.winograd import register_schedule_rules
 from edgetune.profiles import Hardware
 from edgetune.runtime import use_cpu_threads
 from edgetune.tuning import search_strategy
@@ -41,7 +40,6 @@ from edgetune.tuning.cost_model.ranking import RankingCostModel
 from edgetune.tuning.cost_model.transfer import TransferCostModel, TransferMode
 from edgetune.tuning.database.store import RecordStore
 from edgetune.tuning.first_batch import DraftFn, FirstMeasured, measure_first_batch
-from edgetune.tuning.intrinsics import register_tensor_intrinsics
 from edgetune.tuning.local_runner import LocalCandidateRunner
 from edgetune.tuning.measurements import FAILED, WatchesTimingNoise, measure_candidate
 from edgetune.tuning.remote import DeviceLost, RetryingRPCRunner
@@ -50,7 +48,7 @@ from edgetune.tuning.search_strategy.draft_verify import SearchCounts, analyzer_
 from edgetune.tuning.search_strategy.seeded import SeededSearch
 from edgetune.tuning.task_scheduler import MAX_TRIALS_PER_ROUND, TaskOutcome, TaskScheduler, curve_point
 from edgetune.tuning.tasks import TuningTask
-from edgetune.tuning.transfer.siblings import SiblingRecords, TransferStats
+from edgetune.tuning.transfer.siblings import SiblingRecords, TransferStats, tuning_context
 from edgetune.tuning.worker_pool import WorkerPool
 
 logger = logging.getLogger(__name__)
@@ -611,14 +609,9 @@ def _tune_one(task, index, total, bounds: RoundBounds, target, store, plan, buil
 
 def _tuning_context(task: TuningTask, index: int, target: tvm.target.Target, plan: TuningPlan,
                     strategy) -> ms.TuneContext:
-    """The task's (1-based `index`) MetaSchedule context for a round, or for its first drafts: TVM's default
-    design spaces, the plan's seed and cores. In a worker of the pool too: the intrinsics the target's rules
-    look up are registered first (without, the context imports every backend's: 53 s on this VM), and edgetune's
-    own rules (winograd.py's data transform)."""
-    register_tensor_intrinsics(target)
-    register_schedule_rules()
-    return ms.TuneContext(mod=task.mod, target=target, space_generator="post-order-apply", search_strategy=strategy,
-                          task_name=task.name, rand_state=plan.seed + index, num_threads=plan.cores)
+    """The task's (1-based `index`) MetaSchedule context for a round, or for its first drafts: the plan's seed
+    and cores."""
+    return tuning_context(task, target, plan.cores, strategy, plan.seed + index)
 
 
 def _watch_noise(runner: ms.runner.Runner, outcome: TaskOutcome, best_s: float | None) -> None:

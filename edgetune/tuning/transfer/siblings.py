@@ -168,12 +168,18 @@ def load_sibling_records(siblings: Mapping[str, Path], tasks: list[TuningTask], 
     return result
 
 
-def tuning_context(task: TuningTask, target: tvm.target.Target, num_threads: int) -> ms.TuneContext:
-    """A tuning context of the task for `target`: its postprocessors check a replayed schedule."""
+def tuning_context(task: TuningTask, target: tvm.target.Target, num_threads: int,
+                   search_strategy: ms.search_strategy.SearchStrategy | str | None = "evolutionary",
+                   rand_state: int = -1) -> ms.TuneContext:
+    """A tuning context of the task for `target` on TVM's default design spaces (its postprocessors check a
+    replayed schedule): the one place edgetune makes them. In a worker of the pool too: the intrinsics the
+    target's rules look up are registered first (without, the context imports every backend's: 53 s on this VM),
+    and edgetune's own rules (winograd.py's data transform)."""
     register_tensor_intrinsics(target)
     register_schedule_rules()
     return ms.TuneContext(mod=task.mod, target=target, space_generator="post-order-apply",
-                          search_strategy="evolutionary", task_name=task.name, num_threads=num_threads)
+                          search_strategy=search_strategy, task_name=task.name, rand_state=rand_state,
+                          num_threads=num_threads)
 
 
 @dataclass
