@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": threads,
         "peak_gflops": tuned.peak,
         "peak_formula": tuned.peak_formula,
-        "issue_peak_gflops": threads * ISSUE_FLOPS_PER_CYCLE * tuned.clock_ghz,
+        "issue_peak_gflops": tuned.issue_peak,
         "trials": args.trials,
         "search": args.search,
         "prepack": args.prepack,
@@ -163,7 +163,7 @@ class _Tuned:
     target: Any
     peak: float
     peak_formula: str
-    clock_ghz: float
+    issue_peak: float
     workloads: dict[str, dict[str, int]]
     mods: dict[str, Any]
     tiles: dict[str, int | None]
@@ -184,8 +184,9 @@ def _tune_workloads(args: argparse.Namespace, threads: int) -> _Tuned:
     target = profile.tvm_target()
     peak = float(hw.peak_gflops)
     formula = f"{threads} cores x {hw.flops_per_cycle} FLOP/cycle x {hw.clock_ghz} GHz"
-    print(f"target {target}; peak {peak:.1f} GFLOPS = {formula} (issue's formula, 64 FLOP/cycle: "
-          f"{threads * ISSUE_FLOPS_PER_CYCLE * hw.clock_ghz:.1f})", flush=True)
+    issue_peak = threads * ISSUE_FLOPS_PER_CYCLE * hw.clock_ghz
+    print(f"target {target}; peak {peak:.1f} GFLOPS = {formula} (issue's formula, 64 FLOP/cycle: {issue_peak:.1f})",
+          flush=True)
 
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     workloads = load_workloads(args.workloads_file, names)
@@ -206,7 +207,7 @@ def _tune_workloads(args: argparse.Namespace, threads: int) -> _Tuned:
         print(f"  [{p.elapsed_s:6.0f} s] {p.task}: {p.trials_done}/{p.trials_planned} trials, best {best}", flush=True)
 
     tuning = tune(tasks, target, store, plan, progress)
-    return _Tuned(target, peak, formula, float(hw.clock_ghz), workloads, mods, tiles, store, tuning)
+    return _Tuned(target, peak, formula, issue_peak, workloads, mods, tiles, store, tuning)
 
 
 def _time_workload(name: str, shape: dict[str, int], tuned: _Tuned, args: argparse.Namespace,
@@ -222,6 +223,7 @@ def _time_workload(name: str, shape: dict[str, int], tuned: _Tuned, args: argpar
     ours, theirs = float(np.median(rounds["edgetune"])), float(np.median(rounds["torch"]))
     flops = workload_flops(shape)
     tile = tuned.tiles[name]
+    task = next(t for t in tuned.tuning.tasks if t.name == name)
     entry = {
         "shape": shape,
         "gflop": flops / 1e9,
@@ -235,8 +237,8 @@ def _time_workload(name: str, shape: dict[str, int], tuned: _Tuned, args: argpar
         "torch_gflops": flops / theirs / 1e3,
         "fraction_of_peak": flops / ours / 1e3 / tuned.peak,
         "winograd_tile": tile,
-        "tuned_best_us": next(t.best_us for t in tuned.tuning.tasks if t.name == name),
-        "tuning_s_this_run": next((t.tuning_s for t in tuned.tuning.tasks if t.name == name), 0.0),
+        "tuned_best_us": task.best_us,
+        "tuning_s_this_run": task.tuning_s,
     }
     algorithm = f" (winograd F({tile}x{tile},3x3))" if tile else ""
     print(f"{name}{algorithm}: edgetune {ours:.0f} us ({entry['gflops']:.0f} GFLOPS, {entry['fraction_of_peak']:.0%} of "
