@@ -151,9 +151,10 @@ def low_priority_busy_process() -> Iterator[None]:
     """A busy loop at nice 19 for the duration of the block, ended with it: the other work an artifact most often
     meets on a shared machine (a batch job at low priority), beside which the build times the ways the artifact's
     threads can wait (build/measure.py). It is this process's child, so the tuning's load readings never see it."""
-    loop = subprocess.Popen([sys.executable, "-c", "import os\nos.nice(19)\nwhile True: pass"],
+    loop = subprocess.Popen([sys.executable, "-c", "while True: pass"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+        os.setpriority(os.PRIO_PROCESS, loop.pid, 19)  # here, not by the loop: its interpreter may start late
         time.sleep(BUSY_START_S)  # its interpreter started and looping
         yield
     finally:
