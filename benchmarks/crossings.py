@@ -8,7 +8,8 @@ the two CPUs apart (no shared L3, `placement.py`) every line one thread wrote an
 them, so (inside - alone) apart minus (inside - alone) together is what the model's layer-to-layer crossings cost;
 each kernel's own loss apart (alone apart - alone together) is what crosses inside it. Each round probes the
 placement before and after and times the model, every kernel inside it (the VM's instrument hook) and every kernel
-alone; rounds whose placement moved are left out. Runs on the artifact's own thread pool where it ships one.
+alone; rounds whose placement moved during them are counted on their own and left out of the comparison. Runs
+on the artifact's own thread pool where it ships one.
 """
 
 from __future__ import annotations
