@@ -14,7 +14,7 @@ _ROUND_S = 0.3
 
 class _Clock:
     """The scheduler's clock, advanced by the rounds alone: with the real one, a round woken 10 ms late on a
-    busy machine changed a task's pace and so the rounds these tests count (it failed so by chance)."""
+    busy machine changed a task's pace and so the rounds these tests count (found by reading, not seen failing)."""
 
     def __init__(self) -> None:
         self.now = 1000.0
