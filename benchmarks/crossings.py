@@ -33,6 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from artifact_source import add_artifact_source, checked_artifact, load_source_model
 from placement import CoreDistance, placement
+from timing import kernel_calls
 
 
 def _is_kernel(call_args: tuple) -> bool:
@@ -81,21 +82,7 @@ def inside_seconds(vm, args: list, runs: int, count: int) -> tuple[float, list[f
         started = time.perf_counter()
         vm["main"](*args)
         plain.append(time.perf_counter() - started)
-    samples: list[float] = []
-    begun: list[float] = []
-
-    def instrument(func, symbol, before_run, ret_value, *call_args) -> int:
-        if _is_kernel(call_args):
-            if before_run:
-                begun.append(time.perf_counter())
-            else:
-                samples.append(time.perf_counter() - begun.pop())
-        return 0
-
-    vm.set_instrument(instrument)
-    for _ in range(runs):
-        vm["main"](*args)
-    vm.set_instrument(None)
+    samples = [seconds for _, _, seconds in kernel_calls(vm, args, runs, only=_is_kernel)]
     if len(samples) != runs * count:
         raise SystemExit(f"{len(samples)} kernel calls in {runs} inferences: expected {count} each")
     per_call = np.array(samples).reshape(runs, count)

@@ -73,16 +73,19 @@ def interleaved_rounds(
     return rounds, best
 
 
-def kernel_calls(vm, args: list, runs: int) -> list[tuple[str, tuple[int, ...] | None, float]]:
-    """Every VM call of `runs` inferences, timed by the VM's instrument hook: (symbol, the shape of the call's
-    last argument (a kernel's output) or None, seconds). One untimed call first: the first call's one-time costs
-    showed as 0.41 ms of a 0.03 ms kernel. Only the shape is kept: holding the output tensor kept its storage
-    from the VM's pool, so every run wrote its large outputs into fresh pages (MobileNet-V2's 96x112x112 stage
-    showed 0.80 ms for a kernel that takes 0.10 ms)."""
+def kernel_calls(vm, args: list, runs: int, only: Callable[[tuple], bool] | None = None
+                 ) -> list[tuple[str, tuple[int, ...] | None, float]]:
+    """Every VM call of `runs` inferences (or those whose arguments `only` accepts), timed by the VM's instrument
+    hook: (symbol, the shape of the call's last argument (a kernel's output) or None, seconds). One untimed call
+    first: the first call's one-time costs showed as 0.41 ms of a 0.03 ms kernel. Only the shape is kept: holding
+    the output tensor kept its storage from the VM's pool, so every run wrote its large outputs into fresh pages
+    (MobileNet-V2's 96x112x112 stage showed 0.80 ms for a kernel that takes 0.10 ms)."""
     calls: list[tuple[str, tuple[int, ...] | None, float]] = []
     started: list[float] = []
 
     def instrument(func, symbol, before_run, ret_value, *call_args) -> int:
+        if only is not None and not only(call_args):
+            return 0
         if before_run:
             started.append(time.perf_counter())
         else:
