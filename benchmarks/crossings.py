@@ -21,9 +21,9 @@ for _name in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
     os.environ.setdefault(_name, _threads)  # TVM's pool reads it when it starts
 
 import argparse
+import functools
 import json
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from artifact_source import add_artifact_source, checked_artifact, load_source_model
 from placement import CoreDistance, placement
-from timing import kernel_calls
+from timing import kernel_calls, sample_calls
 
 
 def _is_kernel(call_args: tuple) -> bool:
@@ -65,23 +65,14 @@ def alone_seconds(kernels: list[tuple[str, Any, list]], calls: int) -> list[floa
     medians = []
     for _, func, arguments in kernels:
         func(*arguments)
-        samples = []
-        for _ in range(calls):
-            started = time.perf_counter()
-            func(*arguments)
-            samples.append(time.perf_counter() - started)
-        medians.append(float(np.median(samples)))
+        medians.append(float(np.median(sample_calls(functools.partial(func, *arguments), 0.0, calls))))
     return medians
 
 
 def inside_seconds(vm, args: list, runs: int, count: int) -> tuple[float, list[float]]:
     """The model's median seconds over `runs` plain inferences, then each of its `count` kernel calls' median
     seconds inside `runs` instrumented ones (in call order)."""
-    plain = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        vm["main"](*args)
-        plain.append(time.perf_counter() - started)
+    plain = sample_calls(lambda: vm["main"](*args), 0.0, runs)
     samples = [seconds for _, _, seconds in kernel_calls(vm, args, runs, only=_is_kernel)]
     if len(samples) != runs * count:
         raise SystemExit(f"{len(samples)} kernel calls in {runs} inferences: expected {count} each")
