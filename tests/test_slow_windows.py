@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import tvm
 from tvm.s_tir.meta_schedule.arg_info import ArgInfo
@@ -104,6 +105,16 @@ def test_while_the_machine_is_still_slow_nothing_is_timed_again() -> None:
     assert mean_seconds(batch[0].seconds) == pytest.approx(900e-6) and batch[0].mean_s < FAILED
 
 
+def _wait_until_spinning(loops: list[subprocess.Popen], cpu_s: float = 0.2, deadline_s: float = 20.0) -> None:
+    """Return once every busy loop has run `cpu_s` of CPU: a fixed sleep would, on a slow machine, start the
+    timing before the loops' interpreters had started and leave no slow window to detect."""
+    processes = [psutil.Process(loop.pid) for loop in loops]
+    end = time.monotonic() + deadline_s
+    while any(sum(p.cpu_times()[:2]) < cpu_s for p in processes):
+        assert time.monotonic() < end, "the busy loops never ran"
+        time.sleep(0.02)
+
+
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: a kernel has no parallel loop to wait in")
 @pytest.mark.serial  # it waits for a quiet machine, which another worker's tests would not give it
 def test_a_candidate_timed_while_other_programs_held_every_core_is_timed_again_once_they_end(monkeypatch) -> None:
@@ -124,7 +135,7 @@ def test_a_candidate_timed_while_other_programs_held_every_core_is_timed_again_o
     def busy_only_for_the_first(i: int) -> None:
         if i == 0:
             hogs.extend(subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores))
-            time.sleep(0.5)  # the loops are running
+            _wait_until_spinning(hogs)
         else:
             for hog in hogs:
                 hog.kill()
