@@ -4,10 +4,9 @@ F(m x m, 3 x 3) computes an m x m output tile with (m + 2)^2 multiplications per
 channel pair instead of 9 m^2: for m = 4, 36 instead of 144. The weight transform depends only on
 the weights, which are constants: it is emitted as a kernel of its own that FoldConstant evaluates
 at compile time, and the tuned kernel reads the transformed weights (TVM's own "pre-computed" flow
-was removed from topi, which now raises "LEGACY-FLOW"). The data and inverse transforms carry the
-`schedule_rule` names of MetaSchedule's built-in winograd rules (`s_tir.meta_schedule.cpu.*`), so
-the tuned kernel is scheduled as TVM schedules its own winograd convolutions; nothing here is x86
-specific.
+was removed from topi, which now raises "LEGACY-FLOW"). The kernel's stages are scheduled together by a
+MetaSchedule custom rule of edgetune's (FUSED_RULE, `s_tir.meta_schedule.cpu.*`), its epilogue by
+MetaSchedule's own rules; nothing here is x86 specific.
 """
 
 from __future__ import annotations
@@ -28,16 +27,17 @@ with 2.25x smaller transformed weights; larger tiles lose float32 accuracy."""
 
 _OUT_EWISE_FUSABLE = 4  # relax's OpPatternKind: lets FuseOps fuse bias, residual add and ReLU behind it
 
-DATA_PACK_RULE = "edgetune_conv2d_nhwc_winograd_data_pack"
-"""The data transform's schedule rule (`register_schedule_rules`): MetaSchedule's
-`conv2d_nhwc_winograd_data_pack`, but with the input tiles gathered inside the transform's parallel loop, where
-MetaSchedule samples their place, the root included (where a tuned ResNet-50's kernels had them): a parallel pass
-of their own, split over the threads by transform row while the transform splits by tile, so each thread reads
-tiles the other gathered. On
-a 2-core VM whose CPUs the hypervisor sometimes places apart (benchmarks/placement.py), ResNet-50's tuned F(4x4)
-56x56x64 kernel took 0.502 ms with its CPUs together and 1.006 ms apart; with its tiles gathered inside, 0.477 and
-0.778 ms."""
-
+FUSED_RULE = "edgetune_conv2d_nhwc_winograd_fused"
+"""The inverse transform's schedule rule (`register_schedule_rules`), which schedules the whole Winograd chain: one
+parallel loop over blocks of tile positions, and under it, for the block's tiles, the data transform, the batched
+products and the inverse transform, each thread on its own tiles from the input to the inverse transform's output
+(the stages' other blocks carry the rule "None"). MetaSchedule's own rules split each stage over the threads on
+another axis (tile, transform row, output channel), so a thread reads mostly what the other one wrote: on a 2-core
+VM whose CPUs the hypervisor sometimes places apart (no shared L3, benchmarks/placement.py) a tuned ResNet-18 F(4x4)
+56x56x64 kernel took 0.383 ms with its CPUs together and 0.691 apart (1.8x); fused, 0.350 and 0.355 (3300 rounds
+of /tmp scripts, 2026-12-07, Zen 4). Its epilogue (bias, residual, ReLU, the tiles' scatter into the output) is left
+to MetaSchedule's rules: a rule that reached into it would not replay on a kernel with another epilogue, which
+anchor-block equality hands the same schedule."""
 
 def transform_matrices(tile_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Cook-Toom's A (inverse), B (data) and G (weight) matrices of F(m x m, 3 x 3), as numpy arrays:
@@ -103,9 +103,8 @@ def winograd_conv2d_nhwc(data: te.Tensor, kernel_pack: te.Tensor, padding: Seque
     """NHWC convolution by F(m x m, 3x3) on weights already transformed by `winograd_weight_transform`
     ((m + 2) x (m + 2) x CO x CI: the tile m is read off their shape).
 
-    The stages and their names follow topi's `conv2d_winograd_nhwc` (data_pad, input_tile,
-    data_pack, bgemm, inverse), so MetaSchedule's winograd schedule rules apply to them (to the data
-    transform, edgetune's variant of its rule: DATA_PACK_RULE).
+    The stages and their names follow topi's `conv2d_winograd_nhwc` (data_pad, input_tile, data_pack, bgemm,
+    inverse), each transform in two 1-D passes (`_two_passes`); edgetune's FUSED_RULE schedules them all.
     """
     from tvm import te
     from tvm.topi.nn.pad import pad
@@ -137,19 +136,19 @@ def winograd_conv2d_nhwc(data: te.Tensor, kernel_pack: te.Tensor, padding: Seque
         name="input_tile",
         attrs={"schedule_rule": "None"},
     )
-    # the whole convolution, on the transforms: for few output channels the data transform, not the
-    # batched GEMM, is the kernel's anchor block (the most FLOPs), and it alone would make convolutions of
-    # one input but different weights look alike to anchor-block equality
+    # the whole convolution, on every stage: the kernel's anchor block (the most FLOPs) is the batched GEMM or, for
+    # few output channels, a transform, and alone it would make convolutions of other inputs, padding or weights
+    # look alike to anchor-block equality
     convolution = f"{n}x{h}x{w}x{ci} -> {co}, pad {pad_t} {pad_l} {pad_b} {pad_r}, F({m}x{m}, 3x3)"
-    data_pack = _two_sided(input_tile, b_mat, alpha, "data_pack", DATA_PACK_RULE, convolution)
+    data_pack = _two_passes(input_tile, b_mat, alpha, "data_pack", convolution)
     k = te.reduce_axis((0, ci), name="ci")
     bgemm = te.compute(
         (alpha, alpha, tiles, co),
         lambda eps, nu, p, o: te.sum(data_pack[eps, nu, p, k] * kernel_pack[eps, nu, o, k], axis=[k]),
         name="bgemm",
-        attrs={"meta_schedule.write_cache_level": [2]},
+        attrs={"schedule_rule": "None", "edgetune.winograd_convolution": convolution},
     )
-    inverse = _two_sided(bgemm, a_mat, m, "inverse", "conv2d_nhwc_winograd_inverse", convolution)
+    inverse = _two_passes(bgemm, a_mat, m, "inverse", convolution, FUSED_RULE)
     return te.compute(
         (n, out_h, out_w, co),
         lambda b, y, x, o: inverse[y % m, x % m, b * n_h * n_w + (y // m) * n_w + (x // m), o],
@@ -157,17 +156,26 @@ def winograd_conv2d_nhwc(data: te.Tensor, kernel_pack: te.Tensor, padding: Seque
     )
 
 
-def _two_sided(tiles, matrix, size: int, name: str, schedule_rule: str, convolution: str):
-    """matrix^T X matrix for each tile X (the two leading axes) of every tile position and channel:
-    Winograd's data transform (B) and inverse transform (A), with MetaSchedule's rule for each."""
+def _two_passes(tiles, matrix, size: int, name: str, convolution: str, schedule_rule: str = "None"):
+    """matrix^T X matrix for each tile X (the two leading axes) of every tile position and channel, as two 1-D
+    passes (`<name>_rows`: matrix^T X, then `name`): Winograd's data transform (B) and inverse transform (A). For
+    F(4x4) a tile's data transform takes 312 multiply-adds per channel instead of the one 2-D pass's 676 (the
+    products of B's 26 nonzero entries), its inverse 180 instead of 324; fused (FUSED_RULE), a 56x56x64 kernel's
+    data transform took 0.224 ms in one pass, its whole kernel 0.333 ms in two (a Zen 4 VM, /tmp scripts)."""
     from tvm import te
 
     alpha, _, positions, channels = tiles.shape
     r_a = te.reduce_axis((0, alpha), "r_a")
     r_b = te.reduce_axis((0, alpha), "r_b")
+    rows = te.compute(
+        (size, alpha, positions, channels),
+        lambda i, col, p, c: te.sum(tiles[r_a, col, p, c] * matrix[r_a, i], axis=[r_a]),
+        name=f"{name}_rows",
+        attrs={"schedule_rule": "None", "edgetune.winograd_convolution": convolution},
+    )
     return te.compute(
         (size, size, positions, channels),
-        lambda i, j, p, c: te.sum(tiles[r_a, r_b, p, c] * matrix[r_a, i] * matrix[r_b, j], axis=[r_a, r_b]),
+        lambda i, j, p, c: te.sum(rows[i, r_b, p, c] * matrix[r_b, j], axis=[r_b]),
         name=name,
         attrs={"schedule_rule": schedule_rule, "edgetune.winograd_convolution": convolution},
     )
@@ -256,29 +264,85 @@ class WinogradPolicy:
 
 
 def register_schedule_rules() -> None:
-    """Make DATA_PACK_RULE known to MetaSchedule's custom-rule lookup in this process (again: no harm). Done when
-    this module is imported; the tuning imports it too, as its worker processes receive the kernels already made."""
+    """Make FUSED_RULE known to MetaSchedule's custom-rule lookup in this process (again: no harm). Done when this
+    module is imported; the tuning imports it too, as its worker processes receive the kernels already made."""
     import tvm
 
-    tvm.register_global_func(f"s_tir.meta_schedule.cpu.{DATA_PACK_RULE}", _schedule_data_pack, override=True)
+    tvm.register_global_func(f"s_tir.meta_schedule.cpu.{FUSED_RULE}", _schedule_fused, override=True)
 
 
-def _schedule_data_pack(sch, data_pack) -> list:
-    """MetaSchedule's CPU rule for an NHWC data transform (tile position and channel loops split in two and
-    reordered outer-outer-inner-inner, the 4 transform loops unrolled), with the input tiles computed at the inner
-    tile position loop instead of at a sampled place, and the padding at a sampled one."""
-    input_tile = _only_producer(sch, data_pack)
-    data_pad = _only_producer(sch, input_tile)
-    eps, nu, position, channel, r_a, r_b = sch.get_loops(data_pack)
-    position_outer, position_inner = sch.split(
-        position, sch.sample_perfect_tile(position, n=2, max_innermost_factor=64))
-    channel_outer, channel_inner = sch.split(channel, sch.sample_perfect_tile(channel, n=2, max_innermost_factor=64))
-    for loop in (eps, nu, r_a, r_b):
-        sch.unroll(loop)
-    sch.reorder(position_outer, channel_outer, position_inner, channel_inner, eps, nu, r_a, r_b)
-    sch.compute_at(input_tile, position_inner, preserve_unit_loops=True)
-    sch.compute_at(data_pad, sch.sample_compute_location(data_pad), preserve_unit_loops=True)
+def _schedule_fused(sch, inverse) -> list:
+    """FUSED_RULE: the tile positions split three ways (sampled): blocks in parallel, then the block's tiles in
+    register rows of the batched products. Under each block: the data transform and inverse transform per tile and
+    channel vector (`_two_passes_per_vector`), the batched products per transform element as a register tile of
+    tile rows x output channels (sampled) over the input channels."""
+    inverse_rows = _only_producer(sch, inverse)
+    bgemm = _only_producer(sch, inverse_rows)
+    data_pack = _only_producer(sch, bgemm)
+    data_rows = _only_producer(sch, data_pack)
+    input_tile = _only_producer(sch, data_rows)
+    sch.compute_inline(_only_producer(sch, input_tile))  # the padding, read where the tiles are gathered
+    i, j, position, channel, r_b = sch.get_loops(inverse)
+    factors = sch.sample_perfect_tile(position, n=3, max_innermost_factor=8)
+    outer, block_rows, register_rows = sch.split(position, factors)
+    sch.reorder(outer, block_rows, register_rows, i, j, channel, r_b)
+    _two_passes_per_vector(sch, inverse, inverse_rows, sch.fuse(block_rows, register_rows))
+    for stage in (bgemm, data_pack):  # each under the loop of its consumer's block, consumers first
+        sch.compute_at(stage, outer, preserve_unit_loops=True)
+    tile_loop = sch.get_loops(data_pack)[3]
+    channel_outer = _two_passes_per_vector(sch, data_pack, data_rows, tile_loop)
+    sch.compute_at(input_tile, channel_outer, preserve_unit_loops=True)
+    sch.vectorize(sch.get_loops(input_tile)[-1])
+    _register_tiles(sch, bgemm, factors[2])
+    sch.parallel(outer)
     return [sch]
+
+
+def _two_passes_per_vector(sch, second, first, tile_loop):
+    """Under `tile_loop` (one tile per iteration): the channels split into vectors and, per vector, both 1-D passes
+    unrolled, the first pass's (size x alpha) vectors in a local buffer and each output vector summed in a register
+    (`_two_passes`). Returns the loop over the channel vectors."""
+    tile = sch.get(tile_loop)
+    i, j, channel, r_b = (loop for loop in sch.get_loops(second)[1:] if not sch.get(loop).same_as(tile))
+    lanes = _lanes(sch.get(channel).extent)
+    channel_outer, channel_inner = sch.split(channel, [None, lanes])
+    sch.reorder(tile_loop, channel_outer, i, j, r_b, channel_inner)
+    sch.compute_at(first, channel_outer, preserve_unit_loops=True)
+    sch.set_scope(first, 0, "local")
+    f_i, f_j, f_tile, f_channel, f_r = sch.get_loops(first)[-5:]
+    sch.reorder(f_i, f_j, f_tile, f_r, f_channel)
+    sch.vectorize(f_channel)
+    sch.vectorize(channel_inner)
+    for loop in (f_i, f_j, f_r, i, j, r_b):
+        sch.unroll(loop)
+    register = sch.cache_write(second, 0, "local")
+    sch.reverse_compute_at(register, j, preserve_unit_loops=True)
+    sch.vectorize(sch.get_loops(register)[-1])
+    return channel_outer
+
+
+def _register_tiles(sch, bgemm, register_rows) -> None:
+    """Each transform element's product of the block's tiles by the transformed weights, in register tiles of
+    `register_rows` tiles x a sampled number of output channels (vectorized), summed over the input channels in
+    local registers. The weights are a layout-free buffer: MetaSchedule's RewriteLayout lays them out for this
+    loop order at compile time."""
+    *_, eps, nu, tile, channel, reduction = sch.get_loops(bgemm)
+    tile_outer, tile_inner = sch.split(tile, [None, register_rows])
+    channel_outer, channel_inner = sch.split(
+        channel, sch.sample_perfect_tile(channel, n=2, max_innermost_factor=64))
+    sch.reorder(eps, nu, tile_outer, channel_outer, reduction, tile_inner, channel_inner)
+    sch.vectorize(channel_inner)
+    sch.unroll(tile_inner)
+    accumulator = sch.cache_write(bgemm, 0, "local")
+    sch.reverse_compute_at(accumulator, channel_outer, preserve_unit_loops=True)
+    sch.vectorize(sch.get_loops(accumulator)[-1])
+
+
+def _lanes(channels) -> int:
+    """The channel vector of the transforms: 16 float32 lanes (one AVX-512 register, two or four of narrower
+    ones), or the largest power of two dividing the channels."""
+    count = int(channels)
+    return next(lanes for lanes in (16, 8, 4, 2, 1) if count % lanes == 0)
 
 
 def _only_producer(sch, block):
