@@ -39,6 +39,7 @@ of /tmp scripts, 2026-12-07, Zen 4). Its epilogue (bias, residual, ReLU, the til
 to MetaSchedule's rules: a rule that reached into it would not replay on a kernel with another epilogue, which
 anchor-block equality hands the same schedule."""
 
+
 def transform_matrices(tile_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Cook-Toom's A (inverse), B (data) and G (weight) matrices of F(m x m, 3 x 3), as numpy arrays:
     topi's own construction, the one its `winograd_transform_matrices` wraps in tensors."""
