@@ -134,6 +134,28 @@ def test_a_candidate_is_timed_on_the_cores_a_busy_program_left_and_counted() -> 
         runner.close()
 
 
+def test_a_single_threaded_candidate_timed_beside_a_busy_program_is_not_taken_for_twice_as_fast() -> None:
+    """A kernel without a parallel loop runs as long on one thread as on two: its timing on the thread a busy
+    program left is its time on the target. Scaled by half, as if it split evenly, it read 0.64x its idle time;
+    unscaled, 1.28x (the busy program slows the core beside it a little)."""
+    a = te.placeholder((1 << 21,), name="a")
+    out = te.compute((1 << 21,), lambda i: a[i] * 2.0 + 1.0, name="out")  # 8 MB in and out: about a millisecond
+    mod = tvm.IRModule({"main": te.create_prim_func([a, out])})
+    (built,) = CandidateBuilder(max_workers=1).build([BuilderInput(mod, tvm.target.Target({"kind": "llvm"}))])
+    assert built.error_msg is None, built.error_msg
+    candidate = RunnerInput(built.artifact_path, "cpu", ArgInfo.from_prim_func(mod["main"]))
+    runner = LocalCandidateRunner(timing("cpu"), cpu_threads=2)
+    try:
+        idle_s = min(mean_seconds(runner.run([candidate])[0].result().run_secs) for _ in range(3))
+        with other_program():
+            time.sleep(0.5)
+            busy_s = min(mean_seconds(runner.run([candidate])[0].result().run_secs) for _ in range(3))
+            assert runner.noise.counts.on_fewer_threads == 3
+    finally:
+        runner.close()
+    assert 0.8 < busy_s / idle_s < 1.75
+
+
 def test_the_cost_model_fits_on_the_cores_a_busy_program_leaves() -> None:
     """Beside a busy program an XGBoost fit on both threads took twice its time on one: each boosting round
     waits for the thread that shares its core with the program. The fit reads the load since the last one;

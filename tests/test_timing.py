@@ -9,8 +9,8 @@ from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from tvm.s_tir.meta_schedule.builder import BuilderInput
 from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, RunnerInput
 
-from edgetune.tuning.builder import CandidateBuilder
-from edgetune.tuning.local_runner import LocalCandidateRunner
+from edgetune.tuning.builder import CandidateBuilder, parallel_extent_beside
+from edgetune.tuning.local_runner import LocalCandidateRunner, thread_share
 from edgetune.tuning.measurements import mean_seconds
 from edgetune.tuning.tune import timing
 
@@ -101,3 +101,27 @@ def test_a_time_budget_keeps_what_a_model_timing_takes() -> None:
         took_s = time.perf_counter() - started
         expected_s = time_model_seconds(call_ms / 1e3, min_total_s)
         assert 0.6 * expected_s < took_s < 1.6 * expected_s + 0.02, (n, call_ms, took_s, expected_s)
+
+
+def test_a_built_candidate_carries_its_parallel_extent_to_the_runner() -> None:
+    a = te.placeholder((7, 64), name="a")
+    out = te.compute((7, 64), lambda i, j: a[i, j] + 1.0, name="out")
+    schedule = tvm.s_tir.Schedule(te.create_prim_func([a, out]))
+    parallel = schedule.copy()
+    parallel.parallel(parallel.get_loops(parallel.get_sblock("out"))[0])
+    built = CandidateBuilder(max_workers=1).build([BuilderInput(s.mod, tvm.target.Target({"kind": "llvm"}))
+                                                   for s in (schedule, parallel)])
+    assert [parallel_extent_beside(b.artifact_path) for b in built] == [1, 7]
+    assert parallel_extent_beside("/nonexistent/candidate.so") is None
+
+
+@pytest.mark.parametrize(("extent", "threads", "cpu_threads", "share"), [
+    (1, 1, 2, 1.0),  # single-threaded: as long on both
+    (2, 1, 2, 0.5), (64, 1, 2, 0.5),  # an even split halves it
+    (7, 1, 2, 4 / 7),  # the target's threads run 4 and 3 of 7
+    (3, 2, 4, 0.5),  # 2 of 3 on two threads, 1 on four
+    (None, 1, 2, 0.5),  # unknown: scaled as if it split evenly
+])
+def test_a_timing_on_fewer_threads_is_scaled_by_the_target_threads_share_of_the_parallel_loop(
+        extent: int | None, threads: int, cpu_threads: int, share: float) -> None:
+    assert thread_share(extent, threads, cpu_threads) == pytest.approx(share)

@@ -28,6 +28,7 @@ from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuild
 from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func
 
 from edgetune.machine_load import stat_fields
+from edgetune.tuning.analyzer.tir import parallel_extent
 from edgetune.tuning.worker_pool import Job, WorkerPool
 
 if TYPE_CHECKING:
@@ -40,6 +41,9 @@ for its slowest build while the other workers sit idle: a ResNet-18 classifier c
 lanes under an unroll of 512) spent 25 s in LLVM where its batch's others took 0.1 s, and then ran at
 twice the task's best. In that build's 813 candidates (rebuilt one by one) a build took 0.32 s at the median,
 2.6 s at the 99th percentile and 3.4 s at most, but for that one (27 s)."""
+PARALLEL_EXTENT_FILE = "parallel_extent"
+"""Beside each built candidate: the iterations of the parallel loop around its largest block (analyzer's
+`parallel_extent`; 1: it runs on one core). The runner scales a timing taken on fewer threads by it."""
 STRAGGLER_ERROR = "LocalBuilder: a straggler"
 """How a cut build's error message starts (counted per task: TaskOutcome.builds_cut)."""
 
@@ -154,6 +158,24 @@ def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params: objec
     return tvm_build(mod, target=target)
 
 
+def build_and_export(f_export: Callable | None, mod: tvm.IRModule, target: tvm.target.Target,
+                     params: bytearray | None) -> str:
+    """A builder worker's job: MetaSchedule's build (`build_candidate`) and export of a candidate, and its parallel
+    extent written beside it (PARALLEL_EXTENT_FILE). Returns the artifact's path."""
+    artifact = _worker_func(build_candidate, f_export, mod, target, params)
+    Path(artifact).with_name(PARALLEL_EXTENT_FILE).write_text(str(parallel_extent(mod)))
+    return artifact
+
+
+def parallel_extent_beside(artifact_path: str) -> int | None:
+    """The parallel extent the builder wrote beside a candidate; None where there is none (built elsewhere)."""
+    try:
+        extent = int(Path(artifact_path).with_name(PARALLEL_EXTENT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return extent if extent >= 1 else None
+
+
 @derived_object
 class CandidateBuilder(PyBuilder):
     """Builds a batch of candidates in parallel, each into an artifact the runner loads.
@@ -172,8 +194,8 @@ class CandidateBuilder(PyBuilder):
         self.owned_dir = owned_dir
 
     def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
-        jobs = [self.pool.submit_job(self.timeout_sec, _worker_func, build_candidate, self.f_export, i.mod,
-                                     i.target, _serialize_params(i.params)) for i in build_inputs]
+        jobs = [self.pool.submit_job(self.timeout_sec, build_and_export, self.f_export, i.mod, i.target,
+                                     _serialize_params(i.params)) for i in build_inputs]
         cut_stragglers(jobs)
         return [self._result(job) for job in jobs]
 

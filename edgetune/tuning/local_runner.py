@@ -22,6 +22,8 @@ from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture, _work
 
 from edgetune.machine_load import OtherLoad
 from edgetune.runtime import off_the_pool_threads_cores, use_cpu_threads
+from edgetune.tuning.analyzer.tir import core_balance
+from edgetune.tuning.builder import parallel_extent_beside
 from edgetune.tuning.measurements import TimingNoise
 from edgetune.tuning.slow_windows import SLOW_WINDOW, SlowWindows, Timed, build_reference_kernel, time_reference
 from edgetune.tuning.worker_pool import WorkerPool
@@ -36,10 +38,10 @@ class LocalCandidateRunner(PyRunner):
     `pool`: workers shared with the builder (default: one worker of its own). `noise`: which disturbed
     timings are measured again, and how many were. `cpu_threads`: the threads a CPU kernel runs on, fewer
     while other programs hold cores (None: the workers' own; GPU kernels). A timing on fewer threads is scaled
-    to the target's as if the kernel's loops split evenly: the store ranks every timing of a task together, and
-    an unscaled one-thread time would put a candidate measured while the machine was busy behind every one
-    measured idle. The scaling flatters a candidate a little (ResNet-50's convolutions ran 1.8-1.9x, not 2x,
-    slower on one thread of two), and a kernel that splits badly more.
+    to the target's (`thread_share`): the store ranks every timing of a task together, and an unscaled one-thread
+    time would put a candidate measured while the machine was busy behind every one measured idle. The scaling
+    still flatters a candidate a little (ResNet-50's convolutions ran 1.8-1.9x, not 2x, slower on one thread of
+    two).
     """
 
     def __init__(self, timing: EvaluatorConfig | None = None, timeout_sec: float = 30.0,
@@ -107,7 +109,8 @@ class LocalCandidateRunner(PyRunner):
     def _seconds(self, runner_input: RunnerInput, threads: int | None) -> list[float]:
         """One timing of a candidate on `threads`, scaled to the target's threads."""
         arguments = tuple(info.as_json() for info in runner_input.args_info)
-        share = threads / self.cpu_threads if threads is not None else 1.0  # scales a timing to the target's threads
+        share = 1.0 if threads is None else thread_share(parallel_extent_beside(str(runner_input.artifact_path)),
+                                                          threads, self.cpu_threads)
         seconds = self.pool.submit_with_timeout(self.timeout_sec, time_candidate, self.timing,
                                                 str(runner_input.artifact_path), str(runner_input.device_type),
                                                 arguments, self.cpu_threads, threads).result()
@@ -145,6 +148,18 @@ class LocalCandidateRunner(PyRunner):
         self.pool.shutdown()
         if self._reference_dir is not None:
             shutil.rmtree(self._reference_dir, ignore_errors=True)
+
+
+def thread_share(parallel_extent: int | None, threads: int, cpu_threads: int) -> float:
+    """What a kernel's time on `threads` is multiplied by to give its time on the target's `cpu_threads`: each
+    thread runs an equal chunk of whole iterations of its parallel loop (`core_balance`), so a single-threaded
+    kernel (extent 1) takes as long on both, and 7 iterations on 2 threads take 4/7 of their time on one. Scaled
+    as if they split evenly (threads / cpu_threads), a build beside a busy program took a single-threaded
+    candidate for twice as fast as it runs (`parallel_extent` None: unknown, scaled so)."""
+    if parallel_extent is None:
+        return threads / cpu_threads
+    return (threads * core_balance(parallel_extent, threads)) / (cpu_threads * core_balance(parallel_extent,
+                                                                                            cpu_threads))
 
 
 def time_candidate(timing: EvaluatorConfig, artifact_path: str, device_type: str, arguments: tuple,
