@@ -32,6 +32,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 from tvm.runtime.vm import VMInstrumentReturnKind
+from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.database import Database, MemoryDatabase, TuningRecord, Workload
 from tvm.s_tir.meta_schedule.relax_integration import extract_tasks as ms_extract_tasks
 
@@ -39,6 +40,7 @@ from edgetune.compile import compile_library, compile_model
 from edgetune.frontend.onnx import fuse_for_tuning
 from edgetune.frontend.winograd import WinogradPolicy
 from edgetune.runtime import in_turns
+from edgetune.tuning.analyzer.tir import parallel_extent, thread_share
 from edgetune.tuning.database.store import commit_record
 from edgetune.tuning.measurements import FAILED, mean_seconds
 from edgetune.tuning.tasks import MODULE_EQUALITY
@@ -99,7 +101,8 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
                      winograd: WinogradPolicy | None = None, runs: int = 30,
                      deadline: float | None = None, untuned: Callable[[], Path] | None = None,
                      libraries: Path | None = None, cross_compiler: Any = None,
-                     on_skip: Callable[[str], None] | None = None) -> Selection:
+                     on_skip: Callable[[str], None] | None = None,
+                     threads: tuple[int, int] | None = None) -> Selection:
     """The model's kernels each with the fastest in the model of their `candidates` best schedules and
     their default one.
 
@@ -116,7 +119,8 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
     with the tuner's best, and kept only if it runs faster: choices made kernel by kernel in models that each
     changed every kernel need not add up. `libraries`, `cross_compiler`: see `_ModelCompiler`; the library of the
     model that stands is returned to ship. `on_skip`: as in `compile_model`, for the tuner's best and the chosen.
-    """
+    `threads`: (the threads the models run on here, the target's): fewer where other programs held cores, and
+    then the kernels' ratios are scaled to the target's threads (`_scaled_to_target_threads`)."""
     start = time.monotonic()
     records = _in_memory(database)
     fused = fuse_for_tuning(relax_mod, target, winograd)
@@ -157,6 +161,8 @@ def select_schedules(relax_mod: tvm.IRModule, target: tvm.target.Target, databas
         del other  # the next rank's compile needs the memory of this one's weights
         compiler.remove(library)
         rank_s = rank_s if apart else time.monotonic() - started  # what the next rank's compile and timing take
+    if threads is not None and threads[0] < threads[1]:
+        _scaled_to_target_threads(comparison.ratios, ranked, *threads)
     selection = comparison.selection(ranked, workload_of, time.monotonic() - start, stopped)
     if all(choice.rank == 0 for choice in selection.choices.values()):
         return dataclasses.replace(selection, library=best_library)
@@ -288,6 +294,30 @@ class _Comparison:
                          in_model_us=sum(map(in_model_us, timed)),
                          tuner_best_in_model_us=sum(self.best_us[key] for key in timed),
                          stopped_by_deadline=stopped)
+
+
+def _scaled_to_target_threads(ratios: dict[int, dict[int, float]], ranked: dict[int, list[TuningRecord]],
+                              threads: int, cpu_threads: int) -> None:
+    """Each rank's kernel ratios, timed on `threads`, scaled to the target's `cpu_threads` by how the rank's
+    schedule and the tuner's best split over each (`thread_share`): on one thread of two a kernel that runs on one
+    core reads as fast as one that splits over both, as the tuner's timings did (local_runner.py). The default
+    schedules have no record to read: scaled as an even split, as a timing of unknown split is. The whole-model
+    check after the choice is not scaled: a choice that wins by its better split alone is not seen winning there,
+    and the tuner's best stays."""
+    shares = {key: [thread_share(_parallel_extent(record), threads, cpu_threads) for record in records]
+              for key, records in ranked.items()}
+    for rank, per_key in ratios.items():
+        for key in per_key.keys() & shares.keys():
+            share = (shares[key][min(rank, len(shares[key]) - 1)] if rank != DEFAULT_RANK
+                     else thread_share(None, threads, cpu_threads))
+            per_key[key] *= share / shares[key][0]
+
+
+def _parallel_extent(record: TuningRecord) -> int:
+    """The parallel extent of a record's schedule (the analyzer's reading of its largest block)."""
+    schedule = Schedule(record.workload.mod)
+    record.trace.apply_to_schedule(schedule, remove_postproc=False)
+    return parallel_extent(schedule.mod)
 
 
 def _per_workload(per_kernel: dict[str, float], workload_of: dict[str, Workload]) -> dict[int, float]:

@@ -275,3 +275,26 @@ def test_the_reserves_compile_and_run_leave_out_the_wait_between_them(tmp_path):
 
     assert len(waits) == 1 and started + cost.compile_s <= waits[0] + 0.1
     assert cost.compile_s + cost.run_s < elapsed - 1.9
+
+
+def test_on_fewer_threads_a_schedule_that_runs_on_one_core_does_not_win_by_its_one_thread_time():
+    """Beside a busy program the models are timed on one thread of two, where a kernel whose parallel loop has one
+    iteration runs as fast as one that splits over both; scaled to the target's threads, the tuner's best (8
+    iterations) keeps its place against a one-core schedule 20% faster on one thread (1.6x slower on two)."""
+    from tvm import te
+    from tvm.s_tir.meta_schedule.database import Workload
+
+    from edgetune.selection import _fastest, _scaled_to_target_threads
+
+    a = te.placeholder((8, 64), name="a")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, te.compute((8, 64), lambda i, j: a[i, j] + 1.0)])})
+    split, one_core = tvm.s_tir.Schedule(mod), tvm.s_tir.Schedule(mod)
+    split.parallel(split.get_loops(split.get_sblock("compute"))[0])
+    records = [TuningRecord(s.trace, Workload(mod), [1e-5]) for s in (split, one_core)]
+    ratios = {0: {7: 1.0}, 1: {7: 0.8}, DEFAULT_RANK: {7: 1.1}}
+    assert _fastest(7, 2, ratios) == 1  # by the one-thread times
+
+    _scaled_to_target_threads(ratios, {7: records}, threads=1, cpu_threads=2)
+
+    assert ratios == {0: {7: 1.0}, 1: {7: pytest.approx(1.6)}, DEFAULT_RANK: {7: pytest.approx(1.1)}}
+    assert _fastest(7, 2, ratios) == 0

@@ -9,8 +9,9 @@ from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 from tvm.s_tir.meta_schedule.builder import BuilderInput
 from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, RunnerInput
 
+from edgetune.tuning.analyzer.tir import thread_share
 from edgetune.tuning.builder import CandidateBuilder, parallel_extent_beside
-from edgetune.tuning.local_runner import LocalCandidateRunner, thread_share
+from edgetune.tuning.local_runner import LocalCandidateRunner
 from edgetune.tuning.measurements import mean_seconds
 from edgetune.tuning.tune import timing
 

@@ -105,7 +105,8 @@ def _select_in_model(ctx: TargetBuild, result: TargetResult, samples: dict[str, 
                                      tvm.device(ctx.profile.device, 0), ctx.candidates, ctx.winograd,
                                      deadline=deadline, untuned=ctx.untuned.library, on_skip=_warn(ctx),
                                      libraries=ctx.work_dir if ctx.profile.device != "cuda" else None,
-                                     cross_compiler=ctx.toolchain.fcompile())
+                                     cross_compiler=ctx.toolchain.fcompile(),
+                                     threads=None if threads is None else (threads, ctx.profile.cpu_threads))
     for task in result.tasks:
         choice = selection.choices.get(task["name"])
         task["kept_default"] = choice is not None and choice.rank == DEFAULT_RANK

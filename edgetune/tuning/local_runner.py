@@ -22,7 +22,7 @@ from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture, _work
 
 from edgetune.machine_load import OtherLoad
 from edgetune.runtime import off_the_pool_threads_cores, use_cpu_threads
-from edgetune.tuning.analyzer.tir import core_balance
+from edgetune.tuning.analyzer.tir import thread_share
 from edgetune.tuning.builder import parallel_extent_beside
 from edgetune.tuning.measurements import TimingNoise
 from edgetune.tuning.slow_windows import SLOW_WINDOW, SlowWindows, Timed, build_reference_kernel, time_reference
@@ -148,18 +148,6 @@ class LocalCandidateRunner(PyRunner):
         self.pool.shutdown()
         if self._reference_dir is not None:
             shutil.rmtree(self._reference_dir, ignore_errors=True)
-
-
-def thread_share(parallel_extent: int | None, threads: int, cpu_threads: int) -> float:
-    """What a kernel's time on `threads` is multiplied by to give its time on the target's `cpu_threads`: each
-    thread runs an equal chunk of whole iterations of its parallel loop (`core_balance`), so a single-threaded
-    kernel (extent 1) takes as long on both, and 7 iterations on 2 threads take 4/7 of their time on one. Scaled
-    as if they split evenly (threads / cpu_threads), a build beside a busy program took a single-threaded
-    candidate for twice as fast as it runs (`parallel_extent` None: unknown, scaled so)."""
-    if parallel_extent is None:
-        return threads / cpu_threads
-    return (threads * core_balance(parallel_extent, threads)) / (cpu_threads * core_balance(parallel_extent,
-                                                                                            cpu_threads))
 
 
 def time_candidate(timing: EvaluatorConfig, artifact_path: str, device_type: str, arguments: tuple,

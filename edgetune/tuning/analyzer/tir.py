@@ -264,6 +264,18 @@ def core_balance(extent: int, cores: int) -> float:
     return extent / (cores * math.ceil(extent / cores))
 
 
+def thread_share(parallel_extent: int | None, threads: int, cpu_threads: int) -> float:
+    """What a kernel's time on `threads` is multiplied by to give its time on the target's `cpu_threads`: each
+    thread runs an equal chunk of whole iterations of its parallel loop (`core_balance`), so a single-threaded
+    kernel (extent 1) takes as long on both, and 7 iterations on 2 threads take 4/7 of their time on one. Scaled
+    as if they split evenly (threads / cpu_threads), a build beside a busy program took a single-threaded
+    candidate for twice as fast as it runs (`parallel_extent` None: unknown, scaled so)."""
+    if parallel_extent is None:
+        return threads / cpu_threads
+    return (threads * core_balance(parallel_extent, threads)) / (cpu_threads * core_balance(parallel_extent,
+                                                                                            cpu_threads))
+
+
 def iter_kind(loop_var: tirx.Var, realize: s_tir.SBlockRealize) -> bool:
     """True if `loop_var` feeds a reduction iter var of the block."""
     for iv, value in zip(realize.block.iter_vars, realize.iter_values):
