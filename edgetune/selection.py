@@ -40,6 +40,7 @@ from edgetune.compile import compile_library, compile_model
 from edgetune.frontend.onnx import fuse_for_tuning
 from edgetune.frontend.winograd import WinogradPolicy
 from edgetune.runtime import in_turns
+from edgetune.tuning.analyzer.space import TVM_ERRORS
 from edgetune.tuning.analyzer.tir import parallel_extent, thread_share
 from edgetune.tuning.database.store import commit_record
 from edgetune.tuning.measurements import FAILED, mean_seconds
@@ -313,10 +314,14 @@ def _scaled_to_target_threads(ratios: dict[int, dict[int, float]], ranked: dict[
             per_key[key] *= share / shares[key][0]
 
 
-def _parallel_extent(record: TuningRecord) -> int:
-    """The parallel extent of a record's schedule (the analyzer's reading of its largest block)."""
+def _parallel_extent(record: TuningRecord) -> int | None:
+    """The parallel extent of a record's schedule (the analyzer's reading of its largest block); None where its
+    trace does not replay (the model compiles that kernel unscheduled, `on_skip`)."""
     schedule = Schedule(record.workload.mod)
-    record.trace.apply_to_schedule(schedule, remove_postproc=False)
+    try:
+        record.trace.apply_to_schedule(schedule, remove_postproc=False)
+    except TVM_ERRORS:
+        return None
     return parallel_extent(schedule.mod)
 
 

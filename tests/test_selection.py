@@ -280,11 +280,12 @@ def test_the_reserves_compile_and_run_leave_out_the_wait_between_them(tmp_path):
 def test_on_fewer_threads_a_schedule_that_runs_on_one_core_does_not_win_by_its_one_thread_time():
     """Beside a busy program the models are timed on one thread of two, where a kernel whose parallel loop has one
     iteration runs as fast as one that splits over both; scaled to the target's threads, the tuner's best (8
-    iterations) keeps its place against a one-core schedule 20% faster on one thread (1.6x slower on two)."""
+    iterations) keeps its place against a one-core schedule 20% faster on one thread (1.6x slower on two). A
+    record whose trace does not replay counts as of unknown split."""
     from tvm import te
     from tvm.s_tir.meta_schedule.database import Workload
 
-    from edgetune.selection import _fastest, _scaled_to_target_threads
+    from edgetune.selection import _fastest, _parallel_extent, _scaled_to_target_threads
 
     a = te.placeholder((8, 64), name="a")
     mod = tvm.IRModule({"main": te.create_prim_func([a, te.compute((8, 64), lambda i, j: a[i, j] + 1.0)])})
@@ -298,3 +299,9 @@ def test_on_fewer_threads_a_schedule_that_runs_on_one_core_does_not_win_by_its_o
 
     assert ratios == {0: {7: 1.0}, 1: {7: pytest.approx(1.6)}, DEFAULT_RANK: {7: pytest.approx(1.1)}}
     assert _fastest(7, 2, ratios) == 0
+    other = tvm.IRModule({"main": te.create_prim_func([a, te.compute((8, 64), lambda i, j: a[i, j] * 2.0,
+                                                                     name="other")])})
+    stale = tvm.s_tir.Schedule(other)
+    stale.parallel(stale.get_loops(stale.get_sblock("other"))[0])
+    assert _parallel_extent(TuningRecord(stale.trace, Workload(other), [1e-5])) == 8
+    assert _parallel_extent(TuningRecord(stale.trace, Workload(mod), [1e-5])) is None  # a trace that does not replay
