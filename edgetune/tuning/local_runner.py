@@ -109,8 +109,8 @@ class LocalCandidateRunner(PyRunner):
     def _seconds(self, runner_input: RunnerInput, threads: int | None) -> list[float]:
         """One timing of a candidate on `threads`, scaled to the target's threads."""
         arguments = tuple(info.as_json() for info in runner_input.args_info)
-        share = 1.0 if threads is None else thread_share(parallel_extent_beside(str(runner_input.artifact_path)),
-                                                          threads, self.cpu_threads)
+        share = 1.0 if threads in (None, self.cpu_threads) else thread_share(
+            parallel_extent_beside(str(runner_input.artifact_path)), threads, self.cpu_threads)
         seconds = self.pool.submit_with_timeout(self.timeout_sec, time_candidate, self.timing,
                                                 str(runner_input.artifact_path), str(runner_input.device_type),
                                                 arguments, self.cpu_threads, threads).result()
