@@ -118,13 +118,13 @@ def _wait_until_spinning(loops: list[subprocess.Popen], cpu_s: float = 0.2, dead
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: a kernel has no parallel loop to wait in")
 @pytest.mark.serial  # it waits for a quiet machine, which another worker's tests would not give it
 def test_a_candidate_timed_while_other_programs_held_every_core_is_timed_again_once_they_end(monkeypatch) -> None:
-    """Busy loops at this process's priority start just before the first of three timings of one candidate and
-    end just after it: its two threads wait on each other at the parallel loop's end, the reference beside it
-    runs many times slower, so the candidate is timed again once the machine is quiet, and its result is in
-    line with its two quiet timings, although the window slowed this short kernel far more than the reference
+    """Busy loops at this process's priority, two per core, start just before the first of three timings of one
+    candidate and end just after it: its two threads wait on each other at the parallel loop's end, the reference
+    beside it runs many times slower, so the candidate is timed again once the machine is quiet, and its result is
+    in line with its two quiet timings, although the window slowed this short kernel far more than the reference
     (a wait at each parallel loop's end: 3194 us against 34 us before every slow timing was taken again).
-    Timed on every core whatever ran before (a timing on one thread barely
-    slows beside the loops: machine_load.py), as a batch is when the loops start after the batch began."""
+    Timed on every core whatever ran before (a timing on one thread barely slows beside the loops:
+    machine_load.py), as a batch is when the loops start after the batch began."""
     cores = os.cpu_count() or 1
     monkeypatch.setattr(machine_load, "TAKEN_CORE", float(cores + 1))  # no core counts as taken
     mod = reference_module(96)  # about 35 us on two idle cores
@@ -134,7 +134,10 @@ def test_a_candidate_timed_while_other_programs_held_every_core_is_timed_again_o
 
     def busy_only_for_the_first(i: int) -> None:
         if i == 0:
-            hogs.extend(subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores))
+            # two per core: with one per core, the reference's threads (woken from sleep, so run first) now and
+            # then ran their whole reading before any busy loop took a core back (2 of 15 runs on a Zen 4 VM read
+            # no slow window; with two per core, 0 of 47)
+            hogs.extend(subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * cores))
             _wait_until_spinning(hogs)
         else:
             for hog in hogs:
