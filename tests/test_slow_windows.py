@@ -136,7 +136,7 @@ def test_a_candidate_timed_while_other_programs_held_every_core_is_timed_again_o
         if i == 0:
             # two per core: with one per core, the reference's threads (woken from sleep, so run first) now and
             # then ran their whole reading before any busy loop took a core back (2 of 15 runs on a Zen 4 VM read
-            # no slow window; with two per core, 0 of 47)
+            # no slow window; with two per core, each of 117 read one)
             hogs.extend(subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * cores))
             _wait_until_spinning(hogs)
         else:
